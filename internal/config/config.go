@@ -1,0 +1,238 @@
+// Package config is outpost's one configuration file: its fields, their
+// defaults, and the checks that name the file, field and reason of every
+// bad value.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/outpost-edge/outpost/internal/yamlcheck"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Config is the agent's configuration. Every field has a default.
+type Config struct {
+	// NodeName is the Node this agent runs; default the host name.
+	NodeName string `json:"nodeName"`
+	// StateDir holds the store, the agent socket and certificates.
+	StateDir string `json:"stateDir"`
+	// ManifestDir holds static pod and service manifests (*.yaml, *.yml).
+	ManifestDir string `json:"manifestDir"`
+	// ImageDir holds OCI image tarballs imported at start, for offline use.
+	ImageDir string `json:"imageDir"`
+	// Kubeconfig points at the API server; empty runs standalone.
+	Kubeconfig string `json:"kubeconfig"`
+	// Containerd says which containerd to drive.
+	Containerd Containerd `json:"containerd"`
+	// Network holds the pod and service address ranges.
+	Network Network `json:"network"`
+	// Server is the kubelet-style HTTPS API.
+	Server Server `json:"server"`
+	// Log sets the log level and format.
+	Log Log `json:"log"`
+}
+
+// Containerd says which containerd to drive.
+type Containerd struct {
+	// Address is containerd's gRPC socket.
+	Address string `json:"address"`
+	// Namespace is the containerd namespace outpost keeps its pods in.
+	Namespace string `json:"namespace"`
+}
+
+// Network holds the node's address ranges.
+type Network struct {
+	// PodCIDR is the range pod addresses come from; the first address is
+	// the bridge's gateway.
+	PodCIDR string `json:"podCIDR"`
+	// ServiceCIDR is the cluster's ClusterIP range.
+	ServiceCIDR string `json:"serviceCIDR"`
+	// ClusterDNS is the nameserver written into pods' resolv.conf.
+	ClusterDNS string `json:"clusterDNS"`
+	// ClusterDomain is the DNS search suffix.
+	ClusterDomain string `json:"clusterDomain"`
+}
+
+// Server is the kubelet-style HTTPS API.
+type Server struct {
+	// Address is host:port to listen on.
+	Address string `json:"address"`
+}
+
+// Log sets logging.
+type Log struct {
+	// Level is debug, info, warn or error.
+	Level string `json:"level"`
+	// Format is text or json.
+	Format string `json:"format"`
+}
+
+// Default returns the configuration with every default filled in.
+func Default() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:    strings.ToLower(host),
+		StateDir:    "/var/lib/outpost",
+		ManifestDir: "/etc/outpost/manifests",
+		ImageDir:    "/var/lib/outpost/images",
+		Containerd:  Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost"},
+		Network: Network{
+			PodCIDR:       "10.42.0.0/24",
+			ServiceCIDR:   "10.43.0.0/16",
+			ClusterDNS:    "10.43.0.10",
+			ClusterDomain: "cluster.local",
+		},
+		Server: Server{Address: ":10250"},
+		Log:    Log{Level: "info", Format: "text"},
+	}
+}
+
+// StorePath returns the store file's path.
+func (c Config) StorePath() string { return filepath.Join(c.StateDir, "outpost.db") }
+
+// SocketPath returns the local status socket's path.
+func (c Config) SocketPath() string { return filepath.Join(c.StateDir, "outpost.sock") }
+
+// Error is a bad configuration file: its name and every problem in it.
+type Error struct {
+	File     string
+	Problems []error
+}
+
+func (e *Error) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = e.File + ": " + p.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Load reads the file at path over the defaults. An empty path returns the
+// defaults. Problems come back as *Error.
+func Load(path string) (Config, error) {
+	cfg := Default()
+	if path == "" {
+		return cfg, cfg.validate("")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(filepath.Base(path), data)
+}
+
+// Parse decodes data (named name in errors) over the defaults.
+func Parse(name string, data []byte) (Config, error) {
+	cfg := Default()
+	docs, err := yamlcheck.Documents(data)
+	if err != nil {
+		return cfg, &Error{File: name, Problems: []error{err}}
+	}
+	if len(docs) > 1 {
+		return cfg, &Error{File: name, Problems: []error{errors.New("holds more than one YAML document")}}
+	}
+	if len(docs) == 1 {
+		if err := yamlcheck.Decode(docs[0], &cfg); err != nil {
+			return cfg, &Error{File: name, Problems: unjoin(err)}
+		}
+	}
+	return cfg, cfg.validate(name)
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+type fieldErr struct{ field, msg string }
+
+func (e fieldErr) Error() string { return e.field + ": " + e.msg }
+
+func (c Config) validate(name string) error {
+	var p []error
+	bad := func(field, format string, args ...any) {
+		p = append(p, fieldErr{field, fmt.Sprintf(format, args...)})
+	}
+	if c.NodeName == "" {
+		bad("nodeName", "is empty and the host name could not be read")
+	} else if errs := validation.IsDNS1123Subdomain(c.NodeName); len(errs) > 0 {
+		bad("nodeName", "%q is not a valid node name: %s", c.NodeName, errs[0])
+	}
+	for _, f := range []struct{ name, val string }{
+		{"stateDir", c.StateDir}, {"manifestDir", c.ManifestDir}, {"imageDir", c.ImageDir}, {"containerd.address", c.Containerd.Address},
+	} {
+		if !filepath.IsAbs(f.val) {
+			bad(f.name, "%q is not an absolute path", f.val)
+		}
+	}
+	if c.Kubeconfig != "" && !filepath.IsAbs(c.Kubeconfig) {
+		bad("kubeconfig", "%q is not an absolute path", c.Kubeconfig)
+	}
+	if errs := validation.IsDNS1123Label(c.Containerd.Namespace); len(errs) > 0 {
+		bad("containerd.namespace", "%q is not a valid namespace: %s", c.Containerd.Namespace, errs[0])
+	}
+	podNet, podOK := checkCIDR(bad, "network.podCIDR", c.Network.PodCIDR)
+	svcNet, svcOK := checkCIDR(bad, "network.serviceCIDR", c.Network.ServiceCIDR)
+	if podOK && podNet.Bits() > podNet.Addr().BitLen()-2 {
+		bad("network.podCIDR", "%q leaves no addresses for pods", c.Network.PodCIDR)
+	}
+	if podOK && svcOK && podNet.Overlaps(svcNet) {
+		bad("network.serviceCIDR", "%q overlaps network.podCIDR %q", c.Network.ServiceCIDR, c.Network.PodCIDR)
+	}
+	if dns, err := netip.ParseAddr(c.Network.ClusterDNS); err != nil {
+		bad("network.clusterDNS", "%q is not an IP address", c.Network.ClusterDNS)
+	} else if svcOK && !svcNet.Contains(dns) {
+		bad("network.clusterDNS", "%s is outside network.serviceCIDR %s", dns, svcNet)
+	}
+	if errs := validation.IsDNS1123Subdomain(c.Network.ClusterDomain); len(errs) > 0 {
+		bad("network.clusterDomain", "%q is not a DNS domain: %s", c.Network.ClusterDomain, errs[0])
+	}
+	if host, port, err := net.SplitHostPort(c.Server.Address); err != nil {
+		bad("server.address", "%q is not host:port", c.Server.Address)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		bad("server.address", "port %q is not a number from 1 to 65535", port)
+	} else if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil {
+			bad("server.address", "host %q is not an IP address", host)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format", "%q is not one of text, json", c.Log.Format)
+	}
+	if len(p) > 0 {
+		if name == "" {
+			name = "defaults"
+		}
+		return &Error{File: name, Problems: p}
+	}
+	return nil
+}
+
+func checkCIDR(bad func(string, string, ...any), field, v string) (netip.Prefix, bool) {
+	p, err := netip.ParsePrefix(v)
+	if err != nil {
+		bad(field, "%q is not a CIDR", v)
+		return p, false
+	}
+	if p.Masked() != p {
+		bad(field, "%q has host bits set; did you mean %s?", v, p.Masked())
+		return p, false
+	}
+	return p, true
+}

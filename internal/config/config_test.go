@@ -1,0 +1,92 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDefaultsAreValid(t *testing.T) {
+	cfg, err := Parse("config.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StateDir != "/var/lib/outpost" || cfg.Containerd.Namespace != "outpost" || cfg.Kubeconfig != "" {
+		t.Fatalf("defaults = %+v", cfg)
+	}
+}
+
+func TestPartialFileKeepsOtherDefaults(t *testing.T) {
+	cfg, err := Parse("config.yaml", []byte("nodeName: pi-17\nnetwork:\n  podCIDR: 10.88.0.0/24\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != "pi-17" || cfg.Network.PodCIDR != "10.88.0.0/24" || cfg.Network.ServiceCIDR != "10.43.0.0/16" {
+		t.Fatalf("cfg = %+v", cfg)
+	}
+}
+
+func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
+	tests := []struct{ src, want string }{
+		{"network:\n  podCIDR: 10.0.0.0/33\n", `config.yaml: network.podCIDR: "10.0.0.0/33" is not a CIDR`},
+		{"network:\n  podCIDR: 10.0.0.1/24\n", `config.yaml: network.podCIDR: "10.0.0.1/24" has host bits set; did you mean 10.0.0.0/24?`},
+		{"netwrok: {}\n", "config.yaml: netwrok: unknown field (line 1)"},
+		{"containerd:\n  adress: /x\n", "config.yaml: containerd.adress: unknown field (line 2)"},
+		{"log: {level: loud}\n", `config.yaml: log.level: "loud" is not one of debug, info, warn, error`},
+		{"stateDir: var/lib\n", `config.yaml: stateDir: "var/lib" is not an absolute path`},
+		{"nodeName: Pi_17\n", `config.yaml: nodeName: "Pi_17" is not a valid node name`},
+		{"server: {address: ':99999'}\n", `config.yaml: server.address: port "99999" is not a number from 1 to 65535`},
+		{"network: {clusterDNS: 10.99.0.10}\n", "config.yaml: network.clusterDNS: 10.99.0.10 is outside network.serviceCIDR 10.43.0.0/16"},
+		{"network: {serviceCIDR: 10.42.0.0/16}\n", `config.yaml: network.serviceCIDR: "10.42.0.0/16" overlaps network.podCIDR`},
+		{"nodeName: [a]\n", "config.yaml: nodeName: want a string, got a list (line 1)"},
+		{"a: [\n", "config.yaml: "},
+		{"a: 1\n---\nb: 2\n", "config.yaml: holds more than one YAML document"},
+	}
+	for _, tt := range tests {
+		_, err := Parse("config.yaml", []byte(tt.src))
+		var ce *Error
+		if !errors.As(err, &ce) {
+			t.Errorf("%q: err = %v, want *Error", tt.src, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q:\n got %s\nwant %s", tt.src, err, tt.want)
+		}
+	}
+}
+
+func TestLoadNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "outpost.yaml")
+	if err := os.WriteFile(p, []byte("log: {format: xml}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p)
+	if err == nil || !strings.HasPrefix(err.Error(), "outpost.yaml: log.format:") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestPackagedExampleIsValidAndComplete(t *testing.T) {
+	cfg, err := Load("../../packaging/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	cfg.NodeName, want.NodeName = "", ""
+	if cfg != want {
+		t.Fatalf("packaging/config.yaml differs from the defaults:\n got %+v\nwant %+v", cfg, want)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("nodeName: a\nnetwork: {podCIDR: 10.0.0.0/24}\n"))
+	f.Add([]byte("server: {address: ':1'}\nlog: {level: debug}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse("f.yaml", data)
+		if err == nil && cfg.validate("f.yaml") != nil {
+			t.Fatal("accepted a config that does not validate")
+		}
+	})
+}

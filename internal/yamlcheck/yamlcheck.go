@@ -1,0 +1,327 @@
+// Package yamlcheck decodes YAML into Go types strictly, naming the field
+// path and line of every problem: unknown fields, wrong types and values a
+// field's own JSON decoder rejects. Config files and manifests go through it
+// so a user learns exactly where their file is wrong.
+package yamlcheck
+
+import (
+	"bytes"
+	"encoding"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// FieldError is one problem at one place in a document.
+type FieldError struct {
+	Path string // dotted field path, e.g. spec.containers[0].image
+	Line int    // 1-based line in the file, 0 if unknown
+	Msg  string
+}
+
+func (e *FieldError) Error() string {
+	where := e.Path
+	if where == "" {
+		where = "(document)"
+	}
+	if e.Line > 0 {
+		return fmt.Sprintf("%s: %s (line %d)", where, e.Msg, e.Line)
+	}
+	return fmt.Sprintf("%s: %s", where, e.Msg)
+}
+
+// Documents splits data into its YAML documents, skipping empty ones. A
+// syntax error is returned with its line.
+func Documents(data []byte) ([]*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var docs []*yaml.Node
+	for {
+		var n yaml.Node
+		err := dec.Decode(&n)
+		if errors.Is(err, io.EOF) {
+			return docs, nil
+		}
+		if err != nil {
+			return docs, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
+		}
+		if len(n.Content) == 0 || (n.Content[0].Kind == yaml.ScalarNode && n.Content[0].Tag == "!!null") {
+			continue
+		}
+		docs = append(docs, &n)
+	}
+}
+
+// Decode checks doc against out's type and, when it is clean, decodes it
+// into out through encoding/json, so json tags and custom JSON decoders
+// apply. Fields missing from doc keep the values out already has. All
+// problems found are returned, joined.
+func Decode(doc *yaml.Node, out any) error {
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	rv := reflect.ValueOf(out)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return errors.New("yamlcheck: Decode needs a non-nil pointer")
+	}
+	st := &state{budget: maxNodes}
+	check(doc, rv.Type().Elem(), "", st)
+	if len(st.errs) > 0 {
+		return errors.Join(st.errs...)
+	}
+	js, err := toJSON(doc)
+	if err != nil {
+		return &FieldError{Line: doc.Line, Msg: err.Error()}
+	}
+	if err := json.Unmarshal(js, out); err != nil {
+		return &FieldError{Line: doc.Line, Msg: err.Error()}
+	}
+	return nil
+}
+
+var (
+	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+// maxNodes bounds the nodes one document may expand to through aliases,
+// so a "billion laughs" document is refused instead of exhausting memory.
+const maxNodes = 100_000
+
+type state struct {
+	errs   []error
+	budget int
+}
+
+func check(n *yaml.Node, t reflect.Type, path string, st *state) {
+	errs := &st.errs
+	fail := func(n *yaml.Node, format string, args ...any) {
+		*errs = append(*errs, &FieldError{Path: path, Line: n.Line, Msg: fmt.Sprintf(format, args...)})
+	}
+	if st.budget--; st.budget == 0 {
+		fail(n, "document expands to more than %d nodes", maxNodes)
+	}
+	if st.budget <= 0 {
+		return
+	}
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return
+	}
+	// A type with its own decoder is checked by running that decoder on
+	// this node alone, so its error carries the path.
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler) {
+		js, err := toJSON(n)
+		if err != nil {
+			fail(n, "%v", err)
+			return
+		}
+		if err := json.Unmarshal(js, reflect.New(t).Interface()); err != nil {
+			fail(n, "%s", cleanJSONError(err, n))
+		}
+		return
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		check(n, t.Elem(), path, st)
+	case reflect.Interface:
+		// Anything goes.
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			fail(n, "want a mapping, got %s", describe(n))
+			return
+		}
+		fields := structFields(t)
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			name := k.Value
+			if seen[name] {
+				*errs = append(*errs, &FieldError{Path: join(path, name), Line: k.Line, Msg: "duplicate field"})
+				continue
+			}
+			seen[name] = true
+			ft, ok := fields[name]
+			if !ok {
+				*errs = append(*errs, &FieldError{Path: join(path, name), Line: k.Line, Msg: "unknown field"})
+				continue
+			}
+			check(v, ft, join(path, name), st)
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			fail(n, "want a mapping, got %s", describe(n))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind != yaml.ScalarNode {
+				*errs = append(*errs, &FieldError{Path: path, Line: k.Line, Msg: "map key must be a scalar"})
+				continue
+			}
+			check(v, t.Elem(), join(path, k.Value), st)
+		}
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 && n.Kind == yaml.ScalarNode {
+			// []byte is base64 text in JSON.
+			if n.Tag != "!!str" && n.Tag != "!!binary" {
+				fail(n, "want base64 text, got %s", describe(n))
+			}
+			return
+		}
+		if n.Kind != yaml.SequenceNode {
+			fail(n, "want a list, got %s", describe(n))
+			return
+		}
+		for i, item := range n.Content {
+			check(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), st)
+		}
+	case reflect.String:
+		switch {
+		case n.Kind != yaml.ScalarNode:
+			fail(n, "want a string, got %s", describe(n))
+		case n.Tag != "!!str":
+			fail(n, "want a string, got %s (quote it)", describe(n))
+		}
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
+			fail(n, "want true or false, got %s", describe(n))
+		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+			fail(n, "want an integer, got %s", describe(n))
+			return
+		}
+		js, _ := toJSON(n)
+		if err := json.Unmarshal(js, reflect.New(t).Interface()); err != nil {
+			fail(n, "%s is out of range for %s", n.Value, t.Kind())
+		}
+	case reflect.Float32, reflect.Float64:
+		if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {
+			fail(n, "want a number, got %s", describe(n))
+		}
+	}
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	switch n.Tag {
+	case "!!int", "!!float":
+		return "number " + n.Value
+	case "!!bool":
+		return "boolean " + n.Value
+	}
+	return fmt.Sprintf("%q", n.Value)
+}
+
+// structFields maps JSON names to field types, flattening embedded and
+// inline structs as encoding/json does.
+func structFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		tag := f.Tag.Get("json")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" && opts == "" {
+			continue
+		}
+		inline := strings.Contains(","+opts+",", ",inline,")
+		if (f.Anonymous && name == "") || inline {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				for k, v := range structFields(ft) {
+					if _, ok := out[k]; !ok {
+						out[k] = v
+					}
+				}
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+// toJSON renders a YAML node as JSON.
+func toJSON(n *yaml.Node) ([]byte, error) {
+	var v any
+	if err := n.Decode(&v); err != nil {
+		return nil, err
+	}
+	v, err := jsonable(v)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// jsonable turns the map[any]any that YAML allows into JSON's string keys.
+func jsonable(v any) (any, error) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			j, err := jsonable(e)
+			if err != nil {
+				return nil, err
+			}
+			x[k] = j
+		}
+		return x, nil
+	case map[any]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			j, err := jsonable(e)
+			if err != nil {
+				return nil, err
+			}
+			m[fmt.Sprint(k)] = j
+		}
+		return m, nil
+	case []any:
+		for i, e := range x {
+			j, err := jsonable(e)
+			if err != nil {
+				return nil, err
+			}
+			x[i] = j
+		}
+		return x, nil
+	}
+	return v, nil
+}
+
+func cleanJSONError(err error, n *yaml.Node) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "json: ")
+	if strings.HasPrefix(msg, "cannot unmarshal") {
+		return fmt.Sprintf("invalid value %s", describe(n))
+	}
+	return fmt.Sprintf("invalid value %s: %s", describe(n), msg)
+}

@@ -1,0 +1,133 @@
+package yamlcheck
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+func decodePod(t *testing.T, src string) (*corev1.Pod, error) {
+	t.Helper()
+	docs, err := Documents([]byte(src))
+	if err != nil {
+		return nil, err
+	}
+	if len(docs) != 1 {
+		t.Fatalf("got %d documents", len(docs))
+	}
+	var p corev1.Pod
+	return &p, Decode(docs[0], &p)
+}
+
+func TestDecodeErrorsNamePathAndLine(t *testing.T) {
+	tests := []struct {
+		name, src string
+		want      []string
+	}{
+		{"unknown nested field", `
+apiVersion: v1
+kind: Pod
+metadata: {name: web}
+spec:
+  containers:
+  - name: web
+    imgae: busybox
+`, []string{"spec.containers[0].imgae: unknown field (line 8)"}},
+		{"wrong type", `
+kind: Pod
+spec:
+  containers:
+  - name: 42
+`, []string{"spec.containers[0].name: want a string, got number 42 (quote it) (line 5)"}},
+		{"bad quantity", `
+spec:
+  containers:
+  - name: c
+    resources: {limits: {memory: lots}}
+`, []string{"spec.containers[0].resources.limits.memory: invalid value \"lots\"", "(line 5)"}},
+		{"several at once", `
+metadata: {name: web, labelz: {}}
+spec: {restartPolicy: [Always], terminationGracePeriodSeconds: soon}
+`, []string{"metadata.labelz: unknown field", "spec.restartPolicy: want a string, got a list", "spec.terminationGracePeriodSeconds: want an integer"}},
+		{"duplicate", "metadata: {name: a}\nmetadata: {name: b}\n", []string{"metadata: duplicate field (line 2)"}},
+		{"integer overflow", "spec: {terminationGracePeriodSeconds: 99999999999999999999}\n", []string{"want an integer"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := decodePod(t, tt.src)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestDecodeGoodPod(t *testing.T) {
+	p, err := decodePod(t, `
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  containers:
+  - name: web
+    image: busybox
+    command: [httpd, -f]
+    ports: [{containerPort: 80}]
+    resources: {limits: {memory: 64Mi, cpu: 100m}}
+    livenessProbe: {httpGet: {port: 80, path: /}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.Spec.Containers[0]
+	if p.Name != "web" || c.Image != "busybox" || c.Resources.Limits.Memory().String() != "64Mi" || c.LivenessProbe.HTTPGet.Port.IntValue() != 80 {
+		t.Fatalf("decoded %+v", p)
+	}
+}
+
+func TestDocumentsSkipsEmptyAndReportsSyntaxLine(t *testing.T) {
+	docs, err := Documents([]byte("---\na: 1\n---\n---\nb: 2\n"))
+	if err != nil || len(docs) != 2 {
+		t.Fatalf("docs=%d err=%v", len(docs), err)
+	}
+	_, err = Documents([]byte("a: 1\nb: [unclosed\n"))
+	if err == nil || !strings.Contains(err.Error(), "line") {
+		t.Fatalf("syntax error without line: %v", err)
+	}
+}
+
+func FuzzDecodePod(f *testing.F) {
+	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: a, image: b}]}\n"))
+	f.Add([]byte("spec: {containers: [{resources: {limits: {cpu: x}}}]}"))
+	f.Add([]byte("a: &x [*x]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		docs, err := Documents(data)
+		if err != nil {
+			return
+		}
+		for _, d := range docs {
+			var p corev1.Pod
+			_ = Decode(d, &p)
+		}
+	})
+}
+
+func TestAliasBombRefused(t *testing.T) {
+	src := "a: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+	docs, err := Documents([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string][][][][][]string
+	if err := Decode(docs[0], &v); err == nil || !strings.Contains(err.Error(), "expands to more than") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the pinned control-plane tools the end-to-end tests run: etcd,
+# kube-apiserver and kubectl, from the Go module proxy, into a cache
+# directory outside the repository ($OUTPOST_TOOLS, default
+# /var/cache/outpost-testenv). A tool already present at its pinned version
+# is not rebuilt.
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
+BIN="$TOOLS/bin"
+mkdir -p "$BIN" "$TOOLS/src"
+export GOFLAGS=-mod=mod
+export CGO_ENABLED=0
+
+stamp() { cat "$BIN/.$1.version" 2>/dev/null || true; }
+
+build_kube() {
+	if [[ "$(stamp kube)" == "$KUBE_VERSION" && -x "$BIN/kube-apiserver" && -x "$BIN/kubectl" ]]; then
+		echo "testenv: kube-apiserver and kubectl $KUBE_VERSION already built"
+		return
+	fi
+	local src="$TOOLS/src/kube-$KUBE_VERSION"
+	rm -rf "$src" && mkdir -p "$src" && cd "$src"
+	echo "testenv: building kube-apiserver and kubectl $KUBE_VERSION (first time takes several minutes)"
+	local staging="v0${KUBE_VERSION#v1}"
+	local kmod
+	kmod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+	{
+		echo "module outpost.test/kubetools"
+		echo
+		grep -E '^go [0-9]' "$kmod"
+		echo
+		echo "require k8s.io/kubernetes $KUBE_VERSION"
+		echo
+		# Every staging module k8s.io/kubernetes replaces with ./staging maps
+		# to the published module of the matching version.
+		grep -Eo '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$kmod" |
+			awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
+	} >go.mod
+	cat >tools.go <<'EOT'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+EOT
+	go mod tidy >/dev/null 2>&1 || true
+	go build -trimpath -ldflags '-s -w' -o "$BIN/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+	go build -trimpath -ldflags '-s -w' -o "$BIN/kubectl" k8s.io/kubernetes/cmd/kubectl
+	echo "$KUBE_VERSION" >"$BIN/.kube.version"
+}
+
+build_etcd() {
+	if [[ "$(stamp etcd)" == "$ETCD_VERSION" && -x "$BIN/etcd" ]]; then
+		echo "testenv: etcd $ETCD_VERSION already built"
+		return
+	fi
+	local src="$TOOLS/src/etcd-$ETCD_VERSION"
+	rm -rf "$src" && mkdir -p "$src" && cd "$src"
+	echo "testenv: building etcd $ETCD_VERSION"
+	cat >go.mod <<EOT
+module outpost.test/etcd
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOT
+	cat >main.go <<'EOT'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOT
+	go mod tidy >/dev/null
+	go build -trimpath -ldflags '-s -w' -o "$BIN/etcd" .
+	echo "$ETCD_VERSION" >"$BIN/.etcd.version"
+}
+
+build_etcd
+build_kube
+echo "testenv: tools in $BIN"

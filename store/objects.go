@@ -1,0 +1,280 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Kind names a kind of stored data; subscriptions are per kind.
+type Kind string
+
+// The kinds of stored data.
+const (
+	KindPod           Kind = "pods"
+	KindService       Kind = "services"
+	KindEndpointSlice Kind = "endpointslices"
+	KindConfigMap     Kind = "configmaps"
+	KindSecret        Kind = "secrets"
+	KindJournal       Kind = "journal"
+	KindIPAM          Kind = "ipam"
+	KindRestart       Kind = "restarts"
+)
+
+// kinds lists the kinds of desired objects, each with its own bucket.
+var kinds = []Kind{KindPod, KindService, KindEndpointSlice, KindConfigMap, KindSecret}
+
+func (k Kind) bucket() []byte { return []byte(k) }
+
+// Source says where a desired object came from.
+type Source uint8
+
+// The sources of desired state.
+const (
+	SourceAPI    Source = 1 // the Kubernetes API server
+	SourceStatic Source = 2 // a manifest file in manifestDir
+	SourceMQTT   Source = 3 // a retained MQTT message
+)
+
+// String returns the source's name as the CLI and config spell it.
+func (s Source) String() string {
+	switch s {
+	case SourceAPI:
+		return "api"
+	case SourceStatic:
+		return "static"
+	case SourceMQTT:
+		return "mqtt"
+	}
+	return fmt.Sprintf("source(%d)", uint8(s))
+}
+
+func (s Source) valid() bool { return s >= SourceAPI && s <= SourceMQTT }
+
+// Object is what a desired-state bucket holds: a Kubernetes object with its
+// generated protobuf codec.
+type Object interface {
+	Marshal() ([]byte, error)
+	Unmarshal([]byte) error
+	GetNamespace() string
+	GetName() string
+}
+
+// Record is a stored object with the source that owns it.
+type Record[P Object] struct {
+	Source Source
+	Object P
+}
+
+// Collection is the typed accessor for one kind of desired object.
+type Collection[T any, P interface {
+	*T
+	Object
+}] struct {
+	s    *Store
+	kind Kind
+}
+
+// Pods returns the desired pods.
+func (s *Store) Pods() Collection[corev1.Pod, *corev1.Pod] {
+	return Collection[corev1.Pod, *corev1.Pod]{s, KindPod}
+}
+
+// Services returns the desired services.
+func (s *Store) Services() Collection[corev1.Service, *corev1.Service] {
+	return Collection[corev1.Service, *corev1.Service]{s, KindService}
+}
+
+// EndpointSlices returns the stored endpoint slices.
+func (s *Store) EndpointSlices() Collection[discoveryv1.EndpointSlice, *discoveryv1.EndpointSlice] {
+	return Collection[discoveryv1.EndpointSlice, *discoveryv1.EndpointSlice]{s, KindEndpointSlice}
+}
+
+// ConfigMaps returns the stored config maps.
+func (s *Store) ConfigMaps() Collection[corev1.ConfigMap, *corev1.ConfigMap] {
+	return Collection[corev1.ConfigMap, *corev1.ConfigMap]{s, KindConfigMap}
+}
+
+// Secrets returns the stored secrets.
+func (s *Store) Secrets() Collection[corev1.Secret, *corev1.Secret] {
+	return Collection[corev1.Secret, *corev1.Secret]{s, KindSecret}
+}
+
+// Key returns the store key of a namespaced object.
+func Key(namespace, name string) string { return namespace + "/" + name }
+
+// Put stores obj as owned by src. It writes nothing (and notifies no one)
+// when the stored value is already identical, and fails with
+// ErrSourceConflict when another source owns an object of that name.
+func (c Collection[T, P]) Put(src Source, obj P) error {
+	_, err := c.put(src, obj)
+	return err
+}
+
+func (c Collection[T, P]) put(src Source, obj P) (bool, error) {
+	key := Key(obj.GetNamespace(), obj.GetName())
+	val, err := encodeRecord(src, obj)
+	if err != nil {
+		return false, fmt.Errorf("store %s %s: %w", c.kind, key, err)
+	}
+	var changed bool
+	err = c.s.batch(func(tx *bolt.Tx) error {
+		changed = false
+		b := tx.Bucket(c.kind.bucket())
+		old := b.Get([]byte(key))
+		if old != nil {
+			if bytes.Equal(old, val) {
+				return nil
+			}
+			if oldSrc, err := recordSource(old); err == nil && oldSrc != src {
+				return fmt.Errorf("store %s %s from %s: %w (%s)", c.kind, key, src, ErrSourceConflict, oldSrc)
+			}
+		}
+		changed = true
+		return b.Put([]byte(key), val)
+	})
+	if changed && err == nil {
+		c.s.notify(c.kind)
+	}
+	return changed, err
+}
+
+// Get returns the object stored under namespace/name.
+func (c Collection[T, P]) Get(namespace, name string) (Record[P], bool, error) {
+	var rec Record[P]
+	var found bool
+	key := Key(namespace, name)
+	err := c.s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(c.kind.bucket())
+		if b == nil {
+			return nil
+		}
+		v := b.Get([]byte(key))
+		if v == nil {
+			return nil
+		}
+		found = true
+		var err error
+		rec, err = decodeRecord[T, P](v)
+		if err != nil {
+			return fmt.Errorf("decode %s %s: %w", c.kind, key, err)
+		}
+		return nil
+	})
+	return rec, found, err
+}
+
+// List returns every stored object of this kind, in key order. A value that
+// cannot be decoded is reported, naming its key, after the others are read.
+func (c Collection[T, P]) List() ([]Record[P], error) {
+	var out []Record[P]
+	var errs []error
+	err := c.s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(c.kind.bucket())
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			rec, err := decodeRecord[T, P](v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("decode %s %s: %w", c.kind, k, err))
+				return nil
+			}
+			out = append(out, rec)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, errors.Join(errs...)
+}
+
+// Delete removes namespace/name and reports whether it was there.
+func (c Collection[T, P]) Delete(namespace, name string) (bool, error) {
+	key := []byte(Key(namespace, name))
+	var found bool
+	err := c.s.batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(c.kind.bucket())
+		found = b.Get(key) != nil
+		if !found {
+			return nil
+		}
+		return b.Delete(key)
+	})
+	if found && err == nil {
+		c.s.notify(c.kind)
+	}
+	return found, err
+}
+
+// Replace makes objs the complete set of this kind owned by src, in one
+// transaction: objects of src that are not in objs are deleted, objects of
+// other sources are left alone. An object whose name another source owns is
+// skipped and reported in the error; the rest are still written. Replace
+// returns how many records it changed.
+func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
+	vals := make(map[string][]byte, len(objs))
+	var errs []error
+	for _, o := range objs {
+		key := Key(o.GetNamespace(), o.GetName())
+		v, err := encodeRecord(src, o)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("store %s %s: %w", c.kind, key, err))
+			continue
+		}
+		vals[key] = v
+	}
+	var changed int
+	var conflicts []error
+	err := c.s.batch(func(tx *bolt.Tx) error {
+		changed, conflicts = 0, nil
+		b := tx.Bucket(c.kind.bucket())
+		var stale [][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			if s, err := recordSource(v); err == nil && s == src {
+				if _, keep := vals[string(k)]; !keep {
+					stale = append(stale, append([]byte(nil), k...))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range stale {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+			changed++
+		}
+		for k, v := range vals {
+			old := b.Get([]byte(k))
+			if bytes.Equal(old, v) {
+				continue
+			}
+			if old != nil {
+				if s, err := recordSource(old); err == nil && s != src {
+					conflicts = append(conflicts, fmt.Errorf("store %s %s from %s: %w (%s)", c.kind, k, src, ErrSourceConflict, s))
+					continue
+				}
+			}
+			if err := b.Put([]byte(k), v); err != nil {
+				return err
+			}
+			changed++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if changed > 0 {
+		c.s.notify(c.kind)
+	}
+	return changed, errors.Join(append(errs, conflicts...)...)
+}
