@@ -125,7 +125,7 @@ func Load(path string) (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("read config: %w", err)
 	}
-	return Parse(filepath.Base(path), data)
+	return Parse(path, data)
 }
 
 // Parse decodes data (named name in errors) over the defaults.

@@ -63,7 +63,7 @@ func TestLoadNamesFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := Load(p)
-	if err == nil || !strings.HasPrefix(err.Error(), "outpost.yaml: log.format:") {
+	if err == nil || !strings.HasPrefix(err.Error(), p+": log.format:") {
 		t.Fatalf("err = %v", err)
 	}
 }

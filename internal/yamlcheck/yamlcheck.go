@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strconv"
 	"strings"
 
 	yaml "go.yaml.in/yaml/v3"
@@ -324,4 +325,64 @@ func cleanJSONError(err error, n *yaml.Node) string {
 		return fmt.Sprintf("invalid value %s", describe(n))
 	}
 	return fmt.Sprintf("invalid value %s: %s", describe(n), msg)
+}
+
+// Line returns the line of the node at a field path such as
+// spec.containers[0].image within doc, or of its nearest existing parent;
+// 0 if doc has no lines.
+func Line(doc *yaml.Node, path string) int {
+	n := doc
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	line := n.Line
+	for _, seg := range splitPath(path) {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+		}
+		var next *yaml.Node
+		nextLine := 0
+		switch {
+		case seg.index >= 0 && n.Kind == yaml.SequenceNode && seg.index < len(n.Content):
+			next = n.Content[seg.index]
+			nextLine = next.Line
+		case seg.index < 0 && n.Kind == yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == seg.name {
+					next, nextLine = n.Content[i+1], n.Content[i].Line
+					break
+				}
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n, line = next, nextLine
+	}
+	return line
+}
+
+type segment struct {
+	name  string
+	index int // -1 for a field
+}
+
+func splitPath(path string) []segment {
+	var out []segment
+	for _, part := range strings.Split(path, ".") {
+		name, rest, _ := strings.Cut(part, "[")
+		if name != "" {
+			out = append(out, segment{name: name, index: -1})
+		}
+		for rest != "" {
+			num, after, _ := strings.Cut(rest, "]")
+			i, err := strconv.Atoi(num)
+			if err != nil {
+				break
+			}
+			out = append(out, segment{index: i})
+			rest = strings.TrimPrefix(after, "[")
+		}
+	}
+	return out
 }

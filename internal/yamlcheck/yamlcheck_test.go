@@ -131,3 +131,12 @@ func TestAliasBombRefused(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestLine(t *testing.T) {
+	docs, _ := Documents([]byte("metadata:\n  name: a\nspec:\n  containers:\n  - name: a\n    image: b\n  - name: c\n"))
+	for path, want := range map[string]int{"metadata.name": 2, "spec.containers[0].image": 6, "spec.containers[1]": 7, "spec.containers[1].image": 7, "spec.volumes": 3} {
+		if got := Line(docs[0], path); got != want {
+			t.Errorf("Line(%s) = %d, want %d", path, got, want)
+		}
+	}
+}

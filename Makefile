@@ -1,0 +1,50 @@
+# outpost — see README.md. `make demo` and `make test` install what they
+# need on a fresh Debian or Ubuntu machine (as root).
+
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+PLATFORMS := linux/arm64 linux/arm linux/amd64
+# Tools built for the tests (etcd, kube-apiserver, kubectl) live here.
+export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
+
+.PHONY: build build-all test test-unit test-e2e testenv bench demo lint clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
+
+build-all:
+	@mkdir -p dist
+	@for p in $(PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; out=dist/outpost-$$os-$$arch; [ $$arch = arm ] && out=$$out-v7; \
+		echo "build $$out"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch GOARM=7 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $$out ./cmd/outpost || exit 1; \
+	done
+
+# testenv installs the packages and builds the tools the end-to-end tests
+# run. It needs root; without root the e2e tests skip and say why.
+testenv:
+	@if [ "$$(id -u)" = 0 ]; then scripts/testenv/install.sh && scripts/testenv/build-tools.sh; \
+	else echo "make: not root, so the end-to-end environment is not installed; e2e tests will skip"; fi
+
+test-unit:
+	$(GO) test -race -short ./...
+
+test: testenv lint
+	$(GO) test -race -count=1 ./... 2>&1 | tee .test.out; exit $${PIPESTATUS[0]}
+
+bench:
+	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...
+	@scripts/bench-size.sh
+
+demo: build
+	@scripts/demo.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin dist .test.out

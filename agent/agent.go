@@ -1,0 +1,222 @@
+// Package agent runs the node's pods from the store. In this first step it
+// records the static manifests into the store and answers status queries
+// on a local unix socket; running the pods on containerd comes next.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outpost-edge/outpost/agent/staticpods"
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/store"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Config is what the agent needs from the configuration file.
+type Config struct {
+	NodeName    string
+	ManifestDir string
+	// SocketPath is the local status socket; empty serves none.
+	SocketPath string
+	// ManifestInterval is how often the manifest directory is re-read
+	// (default 20s, as kubelet's file source).
+	ManifestInterval time.Duration
+	// Version is reported in status.
+	Version string
+}
+
+// Deps are the agent's collaborators.
+type Deps struct {
+	Store *store.Store
+	Clock clock.Clock
+	Log   *slog.Logger
+}
+
+// Agent owns the node's desired-state loop.
+type Agent struct {
+	cfg     Config
+	deps    Deps
+	started time.Time
+
+	mu             sync.Mutex
+	manifestErrors []string
+	lastSync       time.Time
+}
+
+// New checks cfg and returns an agent; it starts nothing.
+func New(cfg Config, deps Deps) (*Agent, error) {
+	if deps.Store == nil || deps.Clock == nil || deps.Log == nil {
+		return nil, errors.New("agent: store, clock and logger are required")
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("agent: node name is required")
+	}
+	if cfg.ManifestInterval == 0 {
+		cfg.ManifestInterval = 20 * time.Second
+	}
+	return &Agent{cfg: cfg, deps: deps}, nil
+}
+
+// Run records the manifests, then keeps them in sync and serves status
+// until ctx ends. It returns after every goroutine it started has exited.
+func (a *Agent) Run(ctx context.Context) error {
+	a.started = a.deps.Clock.Now()
+	var srv *http.Server
+	if a.cfg.SocketPath != "" {
+		ln, err := listenUnix(a.cfg.SocketPath)
+		if err != nil {
+			return err
+		}
+		srv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(shutdownCtx)
+			<-errc
+			os.Remove(a.cfg.SocketPath)
+		}()
+	}
+	a.deps.Log.Info("agent started", "node", a.cfg.NodeName, "manifestDir", a.cfg.ManifestDir, "store", a.deps.Store.Path())
+	tick := a.deps.Clock.NewTicker(a.cfg.ManifestInterval)
+	defer tick.Stop()
+	for {
+		if err := a.SyncManifests(); err != nil {
+			a.deps.Log.Error("sync manifests", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			a.deps.Log.Info("agent stopping")
+			return nil
+		case <-tick.C():
+		}
+	}
+}
+
+// listenUnix listens on path, replacing a stale socket. Only one agent can
+// hold the store, so a socket file left behind is never in use.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("status socket %s: %w", path, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("status socket %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// SyncManifests reads the manifest directory once and makes the store's
+// static pods and services match it. A file that cannot be read or parsed
+// keeps what the store already holds from it, so a typo never stops a
+// running pod; a deleted file removes its objects.
+func (a *Agent) SyncManifests() error {
+	m, err := staticpods.Read(a.cfg.ManifestDir, a.cfg.NodeName)
+	if err != nil {
+		return err
+	}
+	badFiles := map[string]bool{}
+	var msgs []string
+	for _, e := range m.Errors {
+		badFiles[e.File] = true
+		msgs = append(msgs, e.Error())
+	}
+	a.noteManifestErrors(msgs)
+
+	st := a.deps.Store
+	pods := m.Pods
+	if len(badFiles) > 0 {
+		kept, err := keepFromFiles(st.Pods().List, badFiles, pods)
+		if err != nil {
+			return err
+		}
+		pods = kept
+	}
+	svcs := m.Services
+	if len(badFiles) > 0 {
+		kept, err := keepFromFiles(st.Services().List, badFiles, svcs)
+		if err != nil {
+			return err
+		}
+		svcs = kept
+	}
+	var errs []error
+	n, err := st.Pods().Replace(store.SourceStatic, pods)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if n > 0 {
+		a.deps.Log.Info("static pods recorded", "changed", n, "pods", len(pods))
+	}
+	n, err = st.Services().Replace(store.SourceStatic, svcs)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if n > 0 {
+		a.deps.Log.Info("static services recorded", "changed", n, "services", len(svcs))
+	}
+	a.mu.Lock()
+	a.lastSync = a.deps.Clock.Now()
+	a.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// noteManifestErrors logs manifest problems when they change, not on every
+// re-read.
+func (a *Agent) noteManifestErrors(msgs []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if slices.Equal(msgs, a.manifestErrors) {
+		return
+	}
+	for _, m := range msgs {
+		if !slices.Contains(a.manifestErrors, m) {
+			a.deps.Log.Warn("bad manifest; objects already recorded from this file are kept", "problem", m)
+		}
+	}
+	a.manifestErrors = msgs
+}
+
+type annotated interface {
+	store.Object
+	GetAnnotations() map[string]string
+}
+
+// keepFromFiles adds to fresh the stored static objects that came from the
+// given files.
+func keepFromFiles[P annotated](list func() ([]store.Record[P], error), files map[string]bool, fresh []P) ([]P, error) {
+	recs, err := list()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		if r.Source == store.SourceStatic && files[r.Object.GetAnnotations()[staticpods.AnnotationFile]] {
+			fresh = append(fresh, r.Object)
+		}
+	}
+	return fresh, nil
+}
+
+// podImages lists a pod's container images, init containers first.
+func podImages(p *corev1.Pod) string {
+	var out []string
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		out = append(out, c.Image)
+	}
+	return strings.Join(out, ",")
+}

@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/store"
+)
+
+func pod(name, image string) string {
+	return "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + "}\nspec:\n  containers: [{name: c, image: " + image + "}]\n"
+}
+
+type fixture struct {
+	dir   string
+	st    *store.Store
+	clock *clocktest.Fake
+	agent *Agent
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, store.FileName), store.Options{NodeName: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	f := &fixture{dir: filepath.Join(dir, "manifests"), st: st, clock: clocktest.New(time.Unix(1000, 0))}
+	os.Mkdir(f.dir, 0o755)
+	f.agent, err = New(Config{NodeName: "n1", ManifestDir: f.dir, SocketPath: filepath.Join(dir, "s.sock"), Version: "test"},
+		Deps{Store: st, Clock: f.clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) write(t *testing.T, name, body string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(f.dir, name), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) podImages(t *testing.T) map[string]string {
+	t.Helper()
+	recs, err := f.st.Pods().List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, r := range recs {
+		out[r.Object.Name] = r.Object.Spec.Containers[0].Image
+	}
+	return out
+}
+
+func TestSyncManifestsKeepsLastGoodVersionOfABrokenFile(t *testing.T) {
+	f := newFixture(t)
+	f.write(t, "web.yaml", pod("web", "busybox:1"))
+	f.write(t, "db.yaml", pod("db", "busybox:2"))
+	if err := f.agent.SyncManifests(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.podImages(t); len(got) != 2 || got["web-n1"] != "busybox:1" {
+		t.Fatalf("pods = %v", got)
+	}
+	// A bad edit keeps the stored pod and is reported.
+	f.write(t, "web.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, imag: x}]}\n")
+	if err := f.agent.SyncManifests(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.podImages(t); got["web-n1"] != "busybox:1" {
+		t.Fatalf("bad edit lost the running pod: %v", got)
+	}
+	s, _ := f.agent.Status()
+	if len(s.Agent.ManifestErrors) != 1 || !strings.Contains(s.Agent.ManifestErrors[0], "web.yaml: document 1 (Pod): spec.containers[0].imag: unknown field") {
+		t.Fatalf("manifest errors = %q", s.Agent.ManifestErrors)
+	}
+	// A deleted file removes its pod.
+	os.Remove(filepath.Join(f.dir, "db.yaml"))
+	if err := f.agent.SyncManifests(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.podImages(t); len(got) != 1 {
+		t.Fatalf("deleted manifest's pod kept: %v", got)
+	}
+}
+
+func TestRunServesStatusAndFollowsManifests(t *testing.T) {
+	f := newFixture(t)
+	f.write(t, "web.yaml", pod("web", "busybox:1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.agent.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+		if _, err := os.Stat(f.agent.cfg.SocketPath); !os.IsNotExist(err) {
+			t.Errorf("socket left behind: %v", err)
+		}
+	}()
+	changes, stop := f.st.Subscribe(store.KindPod)
+	defer stop()
+	<-changes // first sync recorded web
+
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", f.agent.cfg.SocketPath)
+	}}}
+	resp, err := client.Get("http://agent/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Status
+	json.NewDecoder(resp.Body).Decode(&s)
+	resp.Body.Close()
+	if s.From != "agent" || s.Node != "n1" || len(s.Pods) != 1 || s.Pods[0].Source != "static" || s.Agent.Version != "test" {
+		t.Fatalf("status = %+v", s)
+	}
+
+	// A new manifest is picked up on the next tick of the fake clock.
+	f.write(t, "db.yaml", pod("db", "busybox:2"))
+	// Run armed its ticker before the first sync, which we have seen.
+	if f.clock.Waiters() != 1 {
+		t.Fatalf("fake clock has %d waiters, want the agent's ticker", f.clock.Waiters())
+	}
+	f.clock.Advance(20 * time.Second)
+	select {
+	case <-changes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("new manifest not recorded after a tick")
+	}
+	if got := f.podImages(t); len(got) != 2 {
+		t.Fatalf("pods = %v", got)
+	}
+}

@@ -1,0 +1,320 @@
+// Package staticpods reads the manifest directory: Pod and Service
+// manifests in *.yaml and *.yml files, turned into the objects the agent
+// stores with source "static", the way kubelet treats static pods.
+package staticpods
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/outpost-edge/outpost/internal/yamlcheck"
+	yaml "go.yaml.in/yaml/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Annotations set on every static object.
+const (
+	// AnnotationSource is kubelet's config source annotation; "file" here.
+	AnnotationSource = "kubernetes.io/config.source"
+	// AnnotationHash is kubelet's config hash annotation; the pod UID.
+	AnnotationHash = "kubernetes.io/config.hash"
+	// AnnotationFile names the manifest file an object came from.
+	AnnotationFile = "outpost-edge.io/manifest-file"
+)
+
+// maxFileSize bounds one manifest file; larger files are refused.
+const maxFileSize = 1 << 20
+
+// Manifests is what one read of the directory found.
+type Manifests struct {
+	Pods     []*corev1.Pod
+	Services []*corev1.Service
+	// Errors has one entry per bad file or document, each naming the file.
+	Errors []*FileError
+}
+
+// FileError is a problem with one manifest file.
+type FileError struct {
+	File string // base name in the manifest directory
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.File + ": " + e.Err.Error() }
+
+func (e *FileError) Unwrap() error { return e.Err }
+
+// IsManifest reports whether a file name is read as a manifest: *.yaml or
+// *.yml, not hidden. Editor swap files and backups are ignored.
+func IsManifest(name string) bool {
+	if strings.HasPrefix(name, ".") {
+		return false
+	}
+	ext := filepath.Ext(name)
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// Read reads every manifest file in dir. A missing directory holds no
+// manifests; any other failure to list it is returned as an error.
+func Read(dir, nodeName string) (Manifests, error) {
+	var m Manifests
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return m, fmt.Errorf("read manifest dir: %w", err)
+	}
+	for _, e := range entries {
+		if e.IsDir() || !IsManifest(e.Name()) {
+			continue
+		}
+		data, err := readFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			m.Errors = append(m.Errors, &FileError{File: e.Name(), Err: err})
+			continue
+		}
+		pods, svcs, errs := Parse(e.Name(), data, nodeName)
+		m.Pods = append(m.Pods, pods...)
+		m.Services = append(m.Services, svcs...)
+		m.Errors = append(m.Errors, errs...)
+	}
+	return m, nil
+}
+
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	if st.Size() > maxFileSize {
+		return nil, fmt.Errorf("file is %d bytes, more than the %d a manifest may have", st.Size(), maxFileSize)
+	}
+	return os.ReadFile(path)
+}
+
+// Parse decodes the documents of one manifest file. Good documents are
+// returned even when others in the same file are bad.
+func Parse(file string, data []byte, nodeName string) ([]*corev1.Pod, []*corev1.Service, []*FileError) {
+	var pods []*corev1.Pod
+	var svcs []*corev1.Service
+	var errs []*FileError
+	fail := func(err error) { errs = append(errs, &FileError{File: file, Err: err}) }
+	docs, err := yamlcheck.Documents(data)
+	if err != nil {
+		fail(err)
+	}
+	for i, doc := range docs {
+		where := fmt.Sprintf("document %d", i+1)
+		var tm metav1.TypeMeta
+		if err := decodeTypeMeta(doc, &tm); err != nil {
+			fail(fmt.Errorf("%s: %w", where, err))
+			continue
+		}
+		switch {
+		case tm.APIVersion == "v1" && tm.Kind == "Pod":
+			p := &corev1.Pod{}
+			if err := yamlcheck.Decode(doc, p); err != nil {
+				fail(fmt.Errorf("%s (Pod): %w", where, err))
+				continue
+			}
+			if err := validatePod(p); err != nil {
+				fail(fmt.Errorf("%s (Pod %s): %w", where, p.Name, withLine(doc, err)))
+				continue
+			}
+			pods = append(pods, staticPod(p, file, data, nodeName))
+		case tm.APIVersion == "v1" && tm.Kind == "Service":
+			s := &corev1.Service{}
+			if err := yamlcheck.Decode(doc, s); err != nil {
+				fail(fmt.Errorf("%s (Service): %w", where, err))
+				continue
+			}
+			if err := validateService(s); err != nil {
+				fail(fmt.Errorf("%s (Service %s): %w", where, s.Name, withLine(doc, err)))
+				continue
+			}
+			svcs = append(svcs, staticService(s, file))
+		case tm.Kind == "":
+			fail(fmt.Errorf("%s: kind: is required (Pod or Service)", where))
+		default:
+			fail(fmt.Errorf("%s: %s %s is not supported here; only v1 Pod and v1 Service", where, tm.APIVersion, tm.Kind))
+		}
+	}
+	return pods, svcs, errs
+}
+
+func decodeTypeMeta(doc *yaml.Node, tm *metav1.TypeMeta) error {
+	n := doc
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	if n.Kind != yaml.MappingNode {
+		return errors.New("is not a mapping")
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		switch n.Content[i].Value {
+		case "apiVersion":
+			tm.APIVersion = n.Content[i+1].Value
+		case "kind":
+			tm.Kind = n.Content[i+1].Value
+		}
+	}
+	return nil
+}
+
+// withLine adds the line of a validation error's field path.
+func withLine(doc *yaml.Node, err error) error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, withLine(doc, e))
+		}
+		return errors.Join(out...)
+	}
+	var fe *fieldError
+	if errors.As(err, &fe) {
+		if line := yamlcheck.Line(doc, fe.path); line > 0 {
+			return fmt.Errorf("%w (line %d)", err, line)
+		}
+	}
+	return err
+}
+
+// staticPod names and defaults a manifest pod the way kubelet does: the
+// node name appended to its name, a UID hashed from the file and node,
+// spec.nodeName set and the config annotations added.
+func staticPod(p *corev1.Pod, file string, data []byte, nodeName string) *corev1.Pod {
+	if p.Namespace == "" {
+		p.Namespace = metav1.NamespaceDefault
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00", nodeName, file, p.Namespace, p.Name)
+	h.Write(data)
+	uid := hex.EncodeToString(h.Sum(nil))[:32]
+	p.Name = p.Name + "-" + nodeName
+	p.UID = types.UID(uid)
+	p.Spec.NodeName = nodeName
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[AnnotationSource] = "file"
+	p.Annotations[AnnotationHash] = uid
+	p.Annotations[AnnotationFile] = file
+	// kubelet lets static pods tolerate every NoExecute taint.
+	p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute})
+	DefaultPod(p)
+	return p
+}
+
+func staticService(s *corev1.Service, file string) *corev1.Service {
+	if s.Namespace == "" {
+		s.Namespace = metav1.NamespaceDefault
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[AnnotationSource] = "file"
+	s.Annotations[AnnotationFile] = file
+	if s.Spec.Type == "" {
+		s.Spec.Type = corev1.ServiceTypeClusterIP
+	}
+	if s.Spec.SessionAffinity == "" {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityNone
+	}
+	for i := range s.Spec.Ports {
+		if s.Spec.Ports[i].Protocol == "" {
+			s.Spec.Ports[i].Protocol = corev1.ProtocolTCP
+		}
+		if s.Spec.Ports[i].TargetPort.IntVal == 0 && s.Spec.Ports[i].TargetPort.StrVal == "" {
+			s.Spec.Ports[i].TargetPort.IntVal = s.Spec.Ports[i].Port
+		}
+	}
+	return s
+}
+
+// DefaultPod fills the fields the API server's defaulting would, for pods
+// that never went through an API server.
+func DefaultPod(p *corev1.Pod) {
+	s := &p.Spec
+	if s.RestartPolicy == "" {
+		s.RestartPolicy = corev1.RestartPolicyAlways
+	}
+	if s.DNSPolicy == "" {
+		s.DNSPolicy = corev1.DNSClusterFirst
+	}
+	if s.TerminationGracePeriodSeconds == nil {
+		g := int64(corev1.DefaultTerminationGracePeriodSeconds)
+		s.TerminationGracePeriodSeconds = &g
+	}
+	if s.SchedulerName == "" {
+		s.SchedulerName = corev1.DefaultSchedulerName
+	}
+	if s.SecurityContext == nil {
+		s.SecurityContext = &corev1.PodSecurityContext{}
+	}
+	if s.EnableServiceLinks == nil {
+		t := true
+		s.EnableServiceLinks = &t
+	}
+	for _, cs := range [][]corev1.Container{s.InitContainers, s.Containers} {
+		for i := range cs {
+			defaultContainer(&cs[i])
+		}
+	}
+}
+
+func defaultContainer(c *corev1.Container) {
+	if c.TerminationMessagePath == "" {
+		c.TerminationMessagePath = corev1.TerminationMessagePathDefault
+	}
+	if c.TerminationMessagePolicy == "" {
+		c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
+	}
+	if c.ImagePullPolicy == "" {
+		c.ImagePullPolicy = corev1.PullIfNotPresent
+		if tag := imageTag(c.Image); tag == "" || tag == "latest" {
+			c.ImagePullPolicy = corev1.PullAlways
+		}
+	}
+	for i := range c.Ports {
+		if c.Ports[i].Protocol == "" {
+			c.Ports[i].Protocol = corev1.ProtocolTCP
+		}
+	}
+}
+
+// imageTag returns the tag of an image reference, "" if it has none or is
+// pinned by digest ("@" references are never "latest").
+func imageTag(ref string) string {
+	if strings.Contains(ref, "@") {
+		return "digest"
+	}
+	slash := strings.LastIndex(ref, "/")
+	if colon := strings.LastIndex(ref, ":"); colon > slash {
+		return ref[colon+1:]
+	}
+	return ""
+}
+
+// Sorted returns pods sorted by namespace/name, for stable output.
+func Sorted(pods []*corev1.Pod) []*corev1.Pod {
+	sort.Slice(pods, func(i, j int) bool {
+		return pods[i].Namespace+"/"+pods[i].Name < pods[j].Namespace+"/"+pods[j].Name
+	})
+	return pods
+}

@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outpost-edge/outpost/store"
+)
+
+// Status is what `outpost status` shows: what the store holds and, when the
+// agent is running, what it knows beyond that.
+type Status struct {
+	Node string `json:"node"`
+	// From is "agent" when a running agent answered, "store" when the
+	// store file was read directly.
+	From           string       `json:"from"`
+	Store          StoreInfo    `json:"store"`
+	JournalBacklog int          `json:"journalBacklog"`
+	Pods           []PodInfo    `json:"pods"`
+	Services       []ServiceRow `json:"services"`
+	Agent          *AgentInfo   `json:"agent,omitempty"`
+}
+
+// StoreInfo describes the store file.
+type StoreInfo struct {
+	Path   string `json:"path"`
+	Bytes  int64  `json:"bytes"`
+	Schema int    `json:"schema"`
+}
+
+// PodInfo is one desired pod.
+type PodInfo struct {
+	Namespace  string `json:"namespace"`
+	Name       string `json:"name"`
+	UID        string `json:"uid"`
+	Source     string `json:"source"`
+	Containers int    `json:"containers"`
+	Images     string `json:"images"`
+}
+
+// ServiceRow is one desired service.
+type ServiceRow struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Source    string `json:"source"`
+	Type      string `json:"type"`
+	Ports     string `json:"ports"`
+}
+
+// AgentInfo is what only a running agent knows.
+type AgentInfo struct {
+	Version        string    `json:"version"`
+	PID            int       `json:"pid"`
+	Started        time.Time `json:"started"`
+	LastSync       time.Time `json:"lastManifestSync,omitzero"`
+	ManifestErrors []string  `json:"manifestErrors,omitempty"`
+}
+
+// ReadStatus reads a Status from the store alone.
+func ReadStatus(st *store.Store) (Status, error) {
+	s := Status{From: "store", Store: StoreInfo{Path: st.Path()}, Pods: []PodInfo{}, Services: []ServiceRow{}}
+	if fi, err := os.Stat(st.Path()); err == nil {
+		s.Store.Bytes = fi.Size()
+	}
+	meta, err := st.Meta()
+	if err != nil {
+		return s, fmt.Errorf("read store meta: %w", err)
+	}
+	s.Node, s.Store.Schema = meta.NodeName, meta.Schema
+	if s.JournalBacklog, err = st.Backlog(); err != nil {
+		return s, fmt.Errorf("read journal: %w", err)
+	}
+	pods, err := st.Pods().List()
+	for _, r := range pods {
+		p := r.Object
+		s.Pods = append(s.Pods, PodInfo{
+			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Source: r.Source.String(),
+			Containers: len(p.Spec.Containers), Images: podImages(p),
+		})
+	}
+	if err != nil {
+		return s, fmt.Errorf("read pods: %w", err)
+	}
+	svcs, err := st.Services().List()
+	for _, r := range svcs {
+		v := r.Object
+		var ports []string
+		for _, p := range v.Spec.Ports {
+			ports = append(ports, strconv.Itoa(int(p.Port))+"/"+string(p.Protocol))
+		}
+		s.Services = append(s.Services, ServiceRow{
+			Namespace: v.Namespace, Name: v.Name, Source: r.Source.String(), Type: string(v.Spec.Type), Ports: strings.Join(ports, ","),
+		})
+	}
+	if err != nil {
+		return s, fmt.Errorf("read services: %w", err)
+	}
+	return s, nil
+}
+
+// Status returns the running agent's status.
+func (a *Agent) Status() (Status, error) {
+	s, err := ReadStatus(a.deps.Store)
+	s.From = "agent"
+	a.mu.Lock()
+	s.Agent = &AgentInfo{
+		Version: a.cfg.Version, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,
+		ManifestErrors: append([]string(nil), a.manifestErrors...),
+	}
+	a.mu.Unlock()
+	return s, err
+}
+
+func (a *Agent) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		s, err := a.Status()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(s)
+	})
+	return mux
+}

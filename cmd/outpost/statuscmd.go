@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/store"
+)
+
+func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
+	fs, path := newFlags("status")
+	output := fs.String("o", "table", "output format: table or json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *output != "table" && *output != "json" {
+		return usageError{fmt.Errorf("status: -o %q is not table or json", *output)}
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	s, err := statusFromAgent(ctx, cfg.SocketPath())
+	if err != nil {
+		// No agent answering: read the store itself, read-only.
+		st, oerr := store.Open(cfg.StorePath(), store.Options{ReadOnly: true})
+		if oerr != nil {
+			return fmt.Errorf("agent not reachable (%v) and %w", err, oerr)
+		}
+		defer st.Close()
+		if s, err = agent.ReadStatus(st); err != nil {
+			return err
+		}
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	return printStatus(stdout, s)
+}
+
+func statusFromAgent(ctx context.Context, socket string) (agent.Status, error) {
+	var s agent.Status
+	client := &http.Client{
+		Timeout: 5 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		}},
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/status", nil)
+	if err != nil {
+		return s, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return s, fmt.Errorf("agent status: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		return s, fmt.Errorf("agent status: %w", err)
+	}
+	if s.From == "" {
+		return s, errors.New("agent status: empty answer")
+	}
+	return s, nil
+}
+
+func printStatus(w io.Writer, s agent.Status) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	from := "the running agent"
+	if s.From == "store" {
+		from = "the store file (agent not running)"
+	}
+	fmt.Fprintf(tw, "NODE\t%s\t(read from %s)\n", s.Node, from)
+	fmt.Fprintf(tw, "STORE\t%s\t%d KiB, schema %d\n", s.Store.Path, (s.Store.Bytes+1023)/1024, s.Store.Schema)
+	fmt.Fprintf(tw, "JOURNAL\t%d status updates waiting to be sent\t\n", s.JournalBacklog)
+	if a := s.Agent; a != nil {
+		fmt.Fprintf(tw, "AGENT\toutpost %s, pid %d, up since %s\t\n", a.Version, a.PID, a.Started.Format(time.RFC3339))
+	}
+	tw.Flush()
+	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
+		fmt.Fprintln(w, "\nMANIFEST ERRORS (objects already recorded from these files are kept)")
+		for _, e := range a.ManifestErrors {
+			fmt.Fprintln(w, "  "+e)
+		}
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tSOURCE\tCONTAINERS\tIMAGES")
+	for _, p := range s.Pods {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", p.Namespace, p.Name, p.Source, p.Containers, p.Images)
+	}
+	if len(s.Pods) == 0 {
+		fmt.Fprintln(tw, "(no pods)\t\t\t\t")
+	}
+	tw.Flush()
+	if len(s.Services) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tSOURCE\tTYPE\tPORTS")
+		for _, v := range s.Services {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", v.Namespace, v.Name, v.Source, v.Type, v.Ports)
+		}
+		tw.Flush()
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs, as root on Debian or Ubuntu, the packages the demo and the
+# end-to-end tests use, and fetches the arm64 busybox for the multi-arch
+# test image. Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
+PKGS=(containerd runc mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates)
+# Commands that say a package is there. The package manager is asked only
+# when one is missing, so a second run costs nothing.
+CMDS=(containerd runc mosquitto mosquitto_pub busybox nft ip update-ca-certificates)
+
+if [[ $(id -u) != 0 ]]; then
+	echo "install.sh: must run as root (apt-get install)" >&2
+	exit 1
+fi
+if ! command -v apt-get >/dev/null; then
+	echo "install.sh: needs apt-get (Debian or Ubuntu); install these yourself: ${PKGS[*]}" >&2
+	exit 1
+fi
+
+missing=()
+for i in "${!CMDS[@]}"; do
+	command -v "${CMDS[$i]}" >/dev/null || missing+=("${PKGS[$i]}")
+done
+if ((${#missing[@]})); then
+	echo "testenv: installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# busybox for the test image, per architecture.
+mkdir -p "$TOOLS/busybox/amd64" "$TOOLS/busybox/arm64"
+if [[ $(dpkg --print-architecture) == amd64 ]]; then
+	install -m 0755 /bin/busybox "$TOOLS/busybox/amd64/busybox"
+fi
+if [[ ! -x $TOOLS/busybox/arm64/busybox ]]; then
+	echo "testenv: fetching busybox-static for arm64"
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	# Name arm64 for this one download only; dpkg's architectures are left alone.
+	A=(-o "APT::Architectures::=$(dpkg --print-architecture)" -o "APT::Architectures::=arm64")
+	apt-get "${A[@]}" update -qq
+	(cd "$tmp" && chown _apt "$tmp" 2>/dev/null; apt-get "${A[@]}" download -qq busybox-static:arm64)
+	dpkg-deb -x "$tmp"/busybox-static_*_arm64.deb "$tmp/root"
+	install -m 0755 "$tmp/root/bin/busybox" "$TOOLS/busybox/arm64/busybox"
+fi
+echo "testenv: packages ready; busybox in $TOOLS/busybox"

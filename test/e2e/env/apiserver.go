@@ -1,0 +1,216 @@
+package env
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// APIServer is a private etcd plus kube-apiserver.
+type APIServer struct {
+	// URL is https://127.0.0.1:PORT.
+	URL string
+	// Kubeconfig is a kubeconfig file for the admin user (system:masters).
+	Kubeconfig string
+	// Config is the admin user's client configuration.
+	Config *rest.Config
+	// CA signs the serving and client certificates (and is the client CA).
+	CA *CA
+	// Dir holds the certificates, token file and logs.
+	Dir string
+}
+
+// AdminToken is the bearer token of the admin user in the token file.
+const AdminToken = "outpost-e2e-admin-token"
+
+// StartAPIServer starts etcd and kube-apiserver on free loopback ports with
+// a generated CA, serving certificate, service-account key and token file,
+// writes an admin kubeconfig, waits for /readyz, and stops both in t's
+// cleanup.
+func StartAPIServer(t testing.TB) *APIServer {
+	t.Helper()
+	RequireRoot(t)
+	etcdBin, apiBin := lookTool(t, "etcd"), lookTool(t, "kube-apiserver")
+	dir := t.TempDir()
+	a := &APIServer{Dir: dir}
+
+	ca, err := NewCA("outpost-e2e-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.CA = ca
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(ca.WriteCert(filepath.Join(dir, "ca.crt")))
+	servingCert, servingKey, err := ca.Issue(pkix.Name{CommonName: "kube-apiserver"}, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}, x509.ExtKeyUsageServerAuth)
+	must(err)
+	must(os.WriteFile(filepath.Join(dir, "apiserver.crt"), servingCert, 0o600))
+	must(os.WriteFile(filepath.Join(dir, "apiserver.key"), servingKey, 0o600))
+	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(err)
+	must(writeKey(filepath.Join(dir, "sa.key"), saKey))
+	pub, err := x509.MarshalPKIXPublicKey(saKey.Public())
+	must(err)
+	must(os.WriteFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o600))
+	must(os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(AdminToken+",admin,admin-uid,system:masters\n"), 0o600))
+
+	// etcd
+	clientPort, peerPort := FreePort(t), FreePort(t)
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	etcd := start(t, dir, "etcd", etcdBin,
+		"--name", "e2e", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "e2e="+peerURL, "--log-level", "warn", "--unsafe-no-fsync")
+	waitFor(t, etcd, 30*time.Second, func() error { return httpOK(http.DefaultClient, etcdURL+"/health", "") })
+
+	// kube-apiserver
+	port := FreePort(t)
+	a.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	api := start(t, dir, "kube-apiserver", apiBin,
+		"--etcd-servers", etcdURL,
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", fmt.Sprint(port),
+		"--cert-dir", filepath.Join(dir, "certs"),
+		"--tls-cert-file", filepath.Join(dir, "apiserver.crt"), "--tls-private-key-file", filepath.Join(dir, "apiserver.key"),
+		"--client-ca-file", filepath.Join(dir, "ca.crt"),
+		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
+		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
+		"--service-cluster-ip-range", "10.0.0.0/24",
+		"--authorization-mode", "Node,RBAC",
+		"--enable-priority-and-fairness=false",
+		// No kubernetes Service endpoints for a loopback address.
+		"--endpoint-reconciler-type", "none",
+		"--profiling=false",
+	)
+	caPool := x509.NewCertPool()
+	caPool.AddCert(ca.Cert)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig(caPool)}}
+	waitFor(t, api, 90*time.Second, func() error { return httpOK(client, a.URL+"/readyz", AdminToken) })
+
+	a.Config = &rest.Config{Host: a.URL, BearerToken: AdminToken, TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM()}}
+	a.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	must(WriteKubeconfig(a.Kubeconfig, a.URL, ca.CertPEM(), "admin", AdminToken, nil, nil))
+	return a
+}
+
+// WriteKubeconfig writes a kubeconfig for server with either a bearer token
+// or a client certificate and key (PEM).
+func WriteKubeconfig(path, server string, caPEM []byte, user, token string, certPEM, keyPEM []byte) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token, ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: user}
+	cfg.CurrentContext = "e2e"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+func httpOK(c *http.Client, url, token string) error {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// CA is a test certificate authority.
+type CA struct {
+	Cert *x509.Certificate
+	Key  crypto.Signer
+}
+
+// NewCA makes a self-signed CA valid for a day.
+func NewCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return &CA{Cert: cert, Key: key}, err
+}
+
+// CertPEM returns the CA certificate in PEM.
+func (c *CA) CertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw})
+}
+
+// WriteCert writes the CA certificate to path.
+func (c *CA) WriteCert(path string) error { return os.WriteFile(path, c.CertPEM(), 0o644) }
+
+// Issue returns a certificate and key (PEM) for subject, signed by c.
+func (c *CA) Issue(subject pkix.Name, dns []string, ips []net.IP, usage ...x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: subject, DNSNames: dns, IPAddresses: ips,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: usage,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.Cert, key.Public(), c.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+func writeKey(path string, key *ecdsa.PrivateKey) error {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	return n
+}

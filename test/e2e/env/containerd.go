@@ -1,0 +1,192 @@
+package env
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+)
+
+// Containerd is a private containerd daemon.
+type Containerd struct {
+	// Address is its gRPC socket.
+	Address string
+	// Root and State are its directories.
+	Root, State string
+	// Version is the daemon's version.
+	Version string
+}
+
+// StartContainerd starts a containerd with its own socket, root and state
+// under a temp dir, and stops it in t's cleanup after removing every task
+// and container it holds, killing leftover shims and unmounting what it
+// mounted.
+func StartContainerd(t testing.TB) *Containerd {
+	t.Helper()
+	RequireRoot(t)
+	bin := lookTool(t, "containerd")
+	// Unix socket paths are short (108 bytes): keep the dir near the root.
+	dir, err := os.MkdirTemp("", "outpost-ctrd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Containerd{
+		Address: filepath.Join(dir, "containerd.sock"),
+		Root:    filepath.Join(dir, "root"),
+		State:   filepath.Join(dir, "state"),
+	}
+	cfg := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+`, c.Root, c.State, c.Address, c.Address+".ttrpc")
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		killByCmdline(c.Address) // shims name the daemon's socket
+		if err := unmountUnder(dir); err != nil {
+			t.Errorf("containerd cleanup: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	p := start(t, dir, "containerd", bin, "--config", cfgPath, "--log-level", "warn")
+	var client *containerd.Client
+	waitFor(t, p, 30*time.Second, func() error {
+		if _, err := os.Stat(c.Address); err != nil {
+			return err
+		}
+		cl, err := containerd.New(c.Address, containerd.WithTimeout(2*time.Second))
+		if err != nil {
+			return err
+		}
+		v, err := cl.Version(context.Background())
+		if err != nil {
+			cl.Close()
+			return err
+		}
+		c.Version, client = v.Version, cl
+		return nil
+	})
+	// Registered after start, so it runs before the daemon is stopped.
+	t.Cleanup(func() {
+		defer client.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := removeAll(ctx, client); err != nil {
+			t.Logf("containerd cleanup: %v", err)
+		}
+	})
+	return c
+}
+
+// Client returns a client of the daemon in namespace ns, closed in t's
+// cleanup.
+func (c *Containerd) Client(t testing.TB, ns string) *containerd.Client {
+	t.Helper()
+	cl, err := containerd.New(c.Address, containerd.WithDefaultNamespace(ns), containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// removeAll kills and deletes every task and container in every namespace.
+func removeAll(ctx context.Context, cl *containerd.Client) error {
+	nss, err := cl.NamespaceService().List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, ns := range nss {
+		nctx := namespaces.WithNamespace(ctx, ns)
+		cs, err := cl.Containers(nctx)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if task, err := c.Task(nctx, nil); err == nil {
+				task.Kill(nctx, 9)
+				if ch, err := task.Wait(nctx); err == nil {
+					select {
+					case <-ch:
+					case <-time.After(5 * time.Second):
+					}
+				}
+				task.Delete(nctx, containerd.WithProcessKill)
+			}
+			c.Delete(nctx, containerd.WithSnapshotCleanup)
+		}
+	}
+	return nil
+}
+
+// ImportTestImage writes the test image for this machine's busybox binaries
+// and imports it into ns, unpacked for the overlayfs snapshotter.
+func (c *Containerd) ImportTestImage(t testing.TB, ns string) containerd.Image {
+	t.Helper()
+	path := TestImageTarball(t)
+	cl := c.Client(t, ns)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ctx := context.Background()
+	imgs, err := cl.Import(ctx, f, containerd.WithAllPlatforms(true))
+	if err != nil {
+		t.Fatalf("import test image: %v", err)
+	}
+	if len(imgs) != 1 || imgs[0].Name != TestImage {
+		t.Fatalf("imported %+v, want one image %s", imgs, TestImage)
+	}
+	img := containerd.NewImage(cl, imgs[0])
+	if err := img.Unpack(ctx, "overlayfs"); err != nil {
+		t.Fatalf("unpack test image: %v", err)
+	}
+	return img
+}
+
+// TestImageTarball writes the test image into t's temp dir from the
+// busybox binaries install.sh put in ToolsDir, and returns its path.
+func TestImageTarball(t testing.TB) string {
+	t.Helper()
+	bins := map[string]string{}
+	for _, arch := range []string{"amd64", "arm64"} {
+		p := filepath.Join(ToolsDir(), "busybox", arch, "busybox")
+		if _, err := os.Stat(p); err == nil {
+			bins[arch] = p
+		}
+	}
+	if len(bins) == 0 {
+		t.Fatalf("no busybox in %s/busybox: run `make testenv` (as root) first", ToolsDir())
+	}
+	path := filepath.Join(t.TempDir(), "busybox-image.tar")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := WriteTestImage(f, bins); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

@@ -1,0 +1,198 @@
+// Package env starts the real components end-to-end tests run against, each
+// private to the test that starts it: a containerd with its own socket and
+// root, etcd plus kube-apiserver on free loopback ports with generated
+// certificates, and a mosquitto broker. Everything a test starts is stopped
+// by PID and its files removed in the test's cleanup.
+//
+// The packages come from scripts/testenv/install.sh and the control-plane
+// binaries from scripts/testenv/build-tools.sh (`make testenv` runs both).
+// Without root, every starter skips the test and says why.
+package env
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ToolsDir returns where build-tools.sh put the control-plane binaries and
+// install.sh the busybox binaries.
+func ToolsDir() string {
+	if d := os.Getenv("OUTPOST_TOOLS"); d != "" {
+		return d
+	}
+	return "/var/cache/outpost-testenv"
+}
+
+// RequireRoot skips t unless it runs as root, which the real components
+// need (containerd, network namespaces, nftables).
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end test needs root (containerd, netns, nftables): run `sudo make test`")
+	}
+}
+
+// lookTool returns the path of a tool, from ToolsDir/bin first, then PATH.
+// A missing tool fails the test: as root, `make testenv` provides it.
+func lookTool(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(ToolsDir(), "bin", name)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	t.Fatalf("%s not found in %s/bin or PATH: run `make testenv` (as root) first", name, ToolsDir())
+	return ""
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// process is a started component.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+// start runs a component with its output in dir/<name>.log and stops it in
+// t's cleanup: SIGTERM, then SIGKILL after 10 s.
+func start(t testing.TB, dir, name string, args ...string) *process {
+	t.Helper()
+	logPath := filepath.Join(dir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { cmd.Wait(); logf.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("last lines of %s log:\n%s", name, tail(logPath, 30))
+		}
+	})
+	return p
+}
+
+func (p *process) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// exited reports whether the process has ended.
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitFor polls ready until it returns nil, the process exits, or timeout.
+func waitFor(t testing.TB, p *process, timeout time.Duration, ready func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = ready(); err == nil {
+			return
+		}
+		if p.exited() {
+			t.Fatalf("%s exited before it was ready (%v); log:\n%s", p.name, p.cmd.ProcessState, tail(p.log, 40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s not ready after %v: %v; log:\n%s", p.name, timeout, err, tail(p.log, 40))
+}
+
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// killByCmdline kills every process whose command line mentions needle,
+// such as containerd shims left behind by a test's containerd.
+func killByCmdline(needle string) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		cl, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cl, []byte(needle)) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// unmountUnder lazily unmounts every mount below dir, deepest first.
+func unmountUnder(dir string) error {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var mounts []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			mounts = append(mounts, fields[4])
+		}
+	}
+	var errs []error
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := syscall.Unmount(mounts[i], syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", mounts[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
