@@ -33,7 +33,7 @@ test-unit:
 	$(GO) test -race -short ./...
 
 test: testenv lint
-	$(GO) test -race -count=1 ./... 2>&1 | tee .test.out; exit $${PIPESTATUS[0]}
+	$(GO) test -race -count=1 ./...
 
 bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...
@@ -47,4 +47,4 @@ lint:
 	$(GO) vet ./...
 
 clean:
-	rm -rf bin dist .test.out
+	rm -rf bin dist

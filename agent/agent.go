@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/agent/staticpods"
+	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/store"
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +34,8 @@ type Config struct {
 	ManifestInterval time.Duration
 	// Version is reported in status.
 	Version string
+	// Board is what the board said about itself at start.
+	Board arm.Facts
 }
 
 // Deps are the agent's collaborators.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -55,6 +56,7 @@ type ServiceRow struct {
 // AgentInfo is what only a running agent knows.
 type AgentInfo struct {
 	Version        string    `json:"version"`
+	Board          arm.Facts `json:"board"`
 	PID            int       `json:"pid"`
 	Started        time.Time `json:"started"`
 	LastSync       time.Time `json:"lastManifestSync,omitzero"`
@@ -109,7 +111,7 @@ func (a *Agent) Status() (Status, error) {
 	s.From = "agent"
 	a.mu.Lock()
 	s.Agent = &AgentInfo{
-		Version: a.cfg.Version, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,
+		Version: a.cfg.Version, Board: a.cfg.Board, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,
 		ManifestErrors: append([]string(nil), a.manifestErrors...),
 	}
 	a.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/store"
@@ -44,7 +45,12 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	if cfg.Kubeconfig != "" {
 		log.Warn("kubeconfig is set but API server sync is not built yet; running standalone", "kubeconfig", cfg.Kubeconfig)
 	}
+	board := arm.Read("/")
+	if !board.MemoryCgroup {
+		log.Warn("the memory cgroup controller is off: memory limits cannot be enforced (on Raspberry Pi OS add cgroup_enable=memory to /boot/firmware/cmdline.txt)", "cgroup", board.Cgroup)
+	}
 	a, err := agent.New(agent.Config{
+		Board:       board,
 		NodeName:    cfg.NodeName,
 		ManifestDir: cfg.ManifestDir,
 		SocketPath:  cfg.SocketPath(),

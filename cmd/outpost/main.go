@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/outpost-edge/outpost/internal/config"
@@ -49,7 +50,9 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outpost:", err)
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintln(os.Stderr, "outpost:", line)
+		}
 		var ue usageError
 		var ce *config.Error
 		if errors.As(err, &ue) || errors.As(err, &ce) {

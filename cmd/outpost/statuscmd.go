@@ -83,13 +83,18 @@ func printStatus(w io.Writer, s agent.Status) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	from := "the running agent"
 	if s.From == "store" {
-		from = "the store file (agent not running)"
+		from = "the store file; the agent is not running"
 	}
 	fmt.Fprintf(tw, "NODE\t%s\t(read from %s)\n", s.Node, from)
 	fmt.Fprintf(tw, "STORE\t%s\t%d KiB, schema %d\n", s.Store.Path, (s.Store.Bytes+1023)/1024, s.Store.Schema)
 	fmt.Fprintf(tw, "JOURNAL\t%d status updates waiting to be sent\t\n", s.JournalBacklog)
 	if a := s.Agent; a != nil {
 		fmt.Fprintf(tw, "AGENT\toutpost %s, pid %d, up since %s\t\n", a.Version, a.PID, a.Started.Format(time.RFC3339))
+		model := a.Board.Model
+		if model == "" {
+			model = "unknown model"
+		}
+		fmt.Fprintf(tw, "BOARD\t%s, cgroup %s, memory controller %s\t\n", model, a.Board.Cgroup, onOff(a.Board.MemoryCgroup))
 	}
 	tw.Flush()
 	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
@@ -118,4 +123,11 @@ func printStatus(w io.Writer, s agent.Status) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }

@@ -79,8 +79,8 @@ func TestSmokeContainerd(t *testing.T) {
 		t.Fatalf("create container: %v", err)
 	}
 	defer c.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup)
-	var out bytes.Buffer
-	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &out, &out)))
+	var out, errOut bytes.Buffer // one copier goroutine each
+	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &out, &errOut)))
 	if err != nil {
 		t.Fatalf("create task: %v", err)
 	}
@@ -98,7 +98,8 @@ func TestSmokeContainerd(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("container did not exit")
 	}
-	// The IO copy finishes once the task is deleted.
+	// Wait for the output copy to finish before reading it.
+	task.IO().Wait()
 	if _, err := task.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func TestSmokeContainerd(t *testing.T) {
 		t.Fatalf("exit code %d, want 3", st.ExitCode())
 	}
 	if !strings.HasPrefix(out.String(), "hello from ") {
-		t.Fatalf("output %q", out.String())
+		t.Fatalf("output %q, stderr %q", out.String(), errOut.String())
 	}
 }
 

@@ -1,0 +1,12 @@
+// Package netproxy is where outpost programs the node's network: Service
+// rules in one nftables table (netproxy/nft) and the pod network of bridge,
+// veths and IPAM (netproxy/podnet). It reads only from the store. Its
+// subpackages arrive with the service-proxy and pod-network capabilities;
+// this package holds what they share.
+package netproxy
+
+// TableName is the one nftables table (family inet) outpost owns.
+const TableName = "outpost"
+
+// BridgeName is the Linux bridge pods attach to.
+const BridgeName = "outpost0"

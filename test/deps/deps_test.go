@@ -1,0 +1,190 @@
+package deps
+
+import (
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/outpost-edge/outpost"
+
+var update = flag.Bool("update", false, "rewrite testdata/linked-*.txt from the current build")
+
+// pkg is one package as `go list -deps` reports it.
+type pkg struct {
+	path     string
+	standard bool
+	imports  []string
+}
+
+func goList(t *testing.T, goos, goarch string, patterns ...string) []pkg {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go command not in PATH")
+	}
+	args := append([]string{"list", "-deps", "-f", `{{.ImportPath}}|{{.Standard}}|{{join .Imports ","}}`}, patterns...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.SplitN(line, "|", 3)
+		p := pkg{path: f[0], standard: f[1] == "true"}
+		if f[2] != "" {
+			p.imports = strings.Split(f[2], ",")
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func under(path, prefix string) bool { return path == prefix || strings.HasPrefix(path, prefix+"/") }
+
+func own(rel string) string { return module + "/" + rel }
+
+// forbiddenInBinary may never be linked into cmd/outpost.
+var forbiddenInBinary = []struct{ prefix, why string }{
+	{"k8s.io/client-go/kubernetes", "the all-groups Clientset and its scheme link every API group (43 MB vs 26 MB for linux/arm64)"},
+	{"k8s.io/kubernetes", "k8s.io/kubernetes is not a library"},
+	{"k8s.io/client-go/dynamic", "the dynamic client is not needed: build REST clients over a small scheme"},
+	{"k8s.io/client-go/applyconfigurations", "apply configurations link every API group"},
+	{"k8s.io/client-go/informers", "informers keep caches in memory; watches write to the store"},
+}
+
+func TestBinaryLinksNoForbiddenPackage(t *testing.T) {
+	for _, p := range goList(t, "linux", "arm64", "./cmd/outpost") {
+		for _, f := range forbiddenInBinary {
+			if under(p.path, f.prefix) {
+				t.Errorf("cmd/outpost links %s: %s", p.path, f.why)
+			}
+		}
+	}
+}
+
+// layerRules says which of our own packages a package may import, by
+// prefix; DESIGN.md's layout table.
+var layerRules = []struct {
+	from   string
+	forbid []string
+}{
+	{"store", []string{"agent", "sync", "netproxy", "arm", "cmd", "test"}},
+	{"agent", []string{"sync", "netproxy", "cmd", "test"}},
+	{"netproxy", []string{"agent", "sync", "cmd", "test"}},
+	{"sync", []string{"agent", "netproxy", "cmd", "test"}},
+	{"arm", []string{"agent", "sync", "netproxy", "store", "internal", "cmd", "test"}},
+	{"internal", []string{"agent", "sync", "netproxy", "store", "cmd", "test"}},
+}
+
+// adapters names the one package tree allowed to import each heavy
+// dependency directly.
+var adapters = []struct{ dep, only string }{
+	{"github.com/containerd/containerd", "agent/containerd"},
+	{"github.com/google/nftables", "netproxy/nft"},
+	{"github.com/vishvananda/netlink", "netproxy/podnet"},
+	{"k8s.io/client-go", "sync/kube"},
+	{"github.com/eclipse/paho.mqtt.golang", "sync/mqtt"},
+	{"go.etcd.io/bbolt", "store"},
+}
+
+// adapterExtra lets a second tree use a dependency where DESIGN.md says so.
+var adapterExtra = map[string][]string{
+	"k8s.io/client-go": {"sync/bridge"},
+}
+
+func TestPackageLayering(t *testing.T) {
+	for _, p := range goList(t, "linux", "amd64", "./...") {
+		if !under(p.path, module) {
+			continue
+		}
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.path, module), "/")
+		for _, r := range layerRules {
+			if !under(rel, r.from) {
+				continue
+			}
+			for _, imp := range p.imports {
+				for _, f := range r.forbid {
+					if under(imp, own(f)) {
+						t.Errorf("%s imports %s: DESIGN.md forbids %s/ importing %s/", rel, strings.TrimPrefix(imp, module+"/"), r.from, f)
+					}
+				}
+				if r.from == "arm" && !isStd(imp) {
+					t.Errorf("%s imports %s: arm/ is a leaf on the standard library", rel, imp)
+				}
+			}
+		}
+		if under(rel, "test") || under(rel, "cmd") {
+			continue // tests and main may reach anything
+		}
+		for _, imp := range p.imports {
+			for _, a := range adapters {
+				if !under(imp, a.dep) && !strings.HasPrefix(imp, a.dep+"/") {
+					continue
+				}
+				allowed := append([]string{a.only}, adapterExtra[a.dep]...)
+				if !slices.ContainsFunc(allowed, func(o string) bool { return under(rel, o) }) {
+					t.Errorf("%s imports %s directly; only %s may (one adapter per heavy dependency)", rel, imp, strings.Join(allowed, ", "))
+				}
+			}
+		}
+	}
+}
+
+func isStd(path string) bool {
+	first, _, _ := strings.Cut(path, "/")
+	return !strings.Contains(first, ".")
+}
+
+// TestLinkedPackagesList compares the non-standard packages linked into
+// cmd/outpost for each target with the committed list, so every new
+// dependency shows up in review. Run `go test ./test/deps -update` to
+// accept a change.
+func TestLinkedPackagesList(t *testing.T) {
+	for _, target := range [][2]string{{"linux", "arm64"}, {"linux", "arm"}, {"linux", "amd64"}} {
+		var got []string
+		for _, p := range goList(t, target[0], target[1], "./cmd/outpost") {
+			if !p.standard {
+				got = append(got, p.path)
+			}
+		}
+		slices.Sort(got)
+		file := filepath.Join("testdata", "linked-"+target[0]+"-"+target[1]+".txt")
+		text := strings.Join(got, "\n") + "\n"
+		if *update {
+			if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		wantData, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatalf("%v (run `go test ./test/deps -update` to create it)", err)
+		}
+		want := strings.Split(strings.TrimSpace(string(wantData)), "\n")
+		var added, removed []string
+		for _, g := range got {
+			if !slices.Contains(want, g) {
+				added = append(added, g)
+			}
+		}
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				removed = append(removed, w)
+			}
+		}
+		if len(added)+len(removed) > 0 {
+			t.Errorf("%s/%s: packages linked into cmd/outpost changed (review, then `go test ./test/deps -update`):\n  added:   %s\n  removed: %s",
+				target[0], target[1], strings.Join(added, "\n           "), strings.Join(removed, "\n           "))
+		}
+	}
+}
