@@ -33,8 +33,11 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		// No agent answering: read the store itself, read-only.
 		st, oerr := store.Open(cfg.StorePath(), store.Options{ReadOnly: true})
+		if errors.Is(oerr, store.ErrLocked) {
+			return fmt.Errorf("an agent holds the store but did not answer on %s: %v", cfg.SocketPath(), err)
+		}
 		if oerr != nil {
-			return fmt.Errorf("agent not reachable (%v) and %w", err, oerr)
+			return fmt.Errorf("no agent answered on %s, and the store cannot be read: %w", cfg.SocketPath(), oerr)
 		}
 		defer st.Close()
 		if s, err = agent.ReadStatus(st); err != nil {
