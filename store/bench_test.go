@@ -170,3 +170,22 @@ func writeBytes() int64 {
 	}
 	return 0
 }
+
+// BenchmarkJournalAppendSerial is one writer appending: every append is its
+// own transaction and fsync, the worst case for an SD card.
+func BenchmarkJournalAppendSerial(b *testing.B) {
+	s := benchStore(b)
+	st, _ := typicalPod().Status.Marshal()
+	before := writeBytes()
+	i := 0
+	for b.Loop() {
+		if _, err := s.Append(fmt.Sprintf("pod/field/p%d", i%100), st); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "appends/s")
+	if w := writeBytes() - before; w > 0 {
+		b.ReportMetric(float64(w)/float64(b.N)*1000, "diskbytes/1k-appends")
+	}
+}
