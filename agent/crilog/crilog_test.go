@@ -1,0 +1,191 @@
+package crilog
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+)
+
+func TestWriteAndReadBack(t *testing.T) {
+	clk := clocktest.New(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	path := filepath.Join(t.TempDir(), "web", "0.log")
+	w, err := Open(path, Options{}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errs := w.Stream("stdout"), w.Stream("stderr")
+	out.Write([]byte("hello\nwor"))
+	clk.Advance(time.Second)
+	out.Write([]byte("ld\n"))
+	errs.Write([]byte("oops\n"))
+	out.Write([]byte("no newline"))
+	out.Close()
+	errs.Close()
+	w.Close()
+
+	raw, _ := os.ReadFile(path)
+	want := "2026-11-30T09:00:00Z stdout F hello\n" +
+		"2026-11-30T09:00:01Z stdout F world\n" +
+		"2026-11-30T09:00:01Z stderr F oops\n" +
+		"2026-11-30T09:00:01Z stdout F no newline\n"
+	if string(raw) != want {
+		t.Fatalf("file:\n%s\nwant:\n%s", raw, want)
+	}
+	var got bytes.Buffer
+	if err := Read(context.Background(), path, ReadOptions{TailLines: -1}, clk, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != "hello\nworld\noops\nno newline\n" {
+		t.Fatalf("read %q", got.String())
+	}
+	got.Reset()
+	Read(context.Background(), path, ReadOptions{TailLines: 2, Timestamps: true}, clk, &got)
+	if got.String() != "2026-11-30T09:00:01Z oops\n2026-11-30T09:00:01Z no newline\n" {
+		t.Fatalf("tail 2 with timestamps: %q", got.String())
+	}
+	got.Reset()
+	Read(context.Background(), path, ReadOptions{TailLines: -1, Since: time.Date(2026, 11, 30, 9, 0, 1, 0, time.UTC)}, clk, &got)
+	if got.String() != "world\noops\nno newline\n" {
+		t.Fatalf("since: %q", got.String())
+	}
+	got.Reset()
+	Read(context.Background(), path, ReadOptions{TailLines: -1, LimitBytes: 8}, clk, &got)
+	if got.String() != "hello\nwo" {
+		t.Fatalf("limit 8: %q", got.String())
+	}
+}
+
+func TestLongLinesAreSplitAndJoined(t *testing.T) {
+	clk := clocktest.New(time.Unix(0, 0))
+	path := filepath.Join(t.TempDir(), "0.log")
+	w, _ := Open(path, Options{}, clk)
+	long := strings.Repeat("x", maxLine*2+10)
+	s := w.Stream("stdout")
+	s.Write([]byte(long + "\n"))
+	w.Close()
+	raw, _ := os.ReadFile(path)
+	if n := strings.Count(string(raw), " stdout P "); n != 2 {
+		t.Fatalf("%d partial records, want 2", n)
+	}
+	var got bytes.Buffer
+	Read(context.Background(), path, ReadOptions{TailLines: -1}, clk, &got)
+	if got.String() != long+"\n" {
+		t.Fatalf("joined line has %d bytes, want %d", got.Len(), len(long)+1)
+	}
+}
+
+func TestRotationKeepsMaxFilesAndReadSpansThem(t *testing.T) {
+	clk := clocktest.New(time.Unix(1000, 0))
+	path := filepath.Join(t.TempDir(), "0.log")
+	w, _ := Open(path, Options{MaxBytes: 200, MaxFiles: 3}, clk)
+	s := w.Stream("stdout")
+	for i := range 40 {
+		clk.Advance(time.Second)
+		s.Write([]byte(strings.Repeat("a", 20) + string(rune('A'+i%26)) + "\n"))
+	}
+	w.Close()
+	if r := Rotated(path); len(r) != 2 {
+		t.Fatalf("rotated files %v, want 2 (MaxFiles 3 with the live one)", r)
+	}
+	var got bytes.Buffer
+	Read(context.Background(), path, ReadOptions{TailLines: -1}, clk, &got)
+	lines := strings.Split(strings.TrimSpace(got.String()), "\n")
+	if last := lines[len(lines)-1]; !strings.HasSuffix(last, "N") { // the 40th line, i=39 → 'N'
+		t.Fatalf("last line %q", last)
+	}
+	if len(lines) < 5 || len(lines) > 40 {
+		t.Fatalf("read %d lines across rotation", len(lines))
+	}
+}
+
+type chanWriter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	ch  chan struct{}
+}
+
+func (c *chanWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.buf.Write(p)
+	select {
+	case c.ch <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (c *chanWriter) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+func TestFollowAcrossRotation(t *testing.T) {
+	clk := clocktest.New(time.Unix(1000, 0))
+	path := filepath.Join(t.TempDir(), "0.log")
+	w, _ := Open(path, Options{MaxBytes: 120, MaxFiles: 5}, clk)
+	s := w.Stream("stdout")
+	s.Write([]byte("first\n"))
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &chanWriter{ch: make(chan struct{}, 1)}
+	done := make(chan error, 1)
+	go func() { done <- Read(ctx, path, ReadOptions{TailLines: -1, Follow: true, Poll: time.Second}, clk, out) }()
+	wait := func(want string) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for !strings.Contains(out.String(), want) {
+			select {
+			case <-out.ch:
+			case <-deadline:
+				t.Fatalf("follow never showed %q; got %q", want, out.String())
+			}
+		}
+	}
+	wait("first\n")
+	// Lines that rotate the file twice over.
+	for i := range 6 {
+		s.Write([]byte("line-" + string(rune('a'+i)) + strings.Repeat(".", 30) + "\n"))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "line-f") {
+		if time.Now().After(deadline) {
+			t.Fatalf("follow never showed line-f: %q", out.String())
+		}
+		clk.Advance(time.Second)
+		select {
+		case <-out.ch:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if n := strings.Count(out.String(), "line-"); n != 6 {
+		t.Fatalf("follow lost lines across rotation: %q", out.String())
+	}
+}
+
+func FuzzParseLine(f *testing.F) {
+	f.Add([]byte("2026-11-30T09:00:00.123456789Z stdout F hello"))
+	f.Add([]byte("2026-11-30T09:00:00Z stderr P "))
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		r, err := ParseLine(line)
+		if err != nil {
+			return
+		}
+		if r.Stream != "stdout" && r.Stream != "stderr" {
+			t.Fatalf("stream %q accepted", r.Stream)
+		}
+	})
+}

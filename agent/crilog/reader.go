@@ -1,0 +1,241 @@
+package crilog
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+)
+
+// Record is one parsed log line.
+type Record struct {
+	Time    time.Time
+	Stream  string
+	Partial bool
+	Content []byte
+}
+
+// ParseLine parses one CRI log line (without its newline).
+func ParseLine(line []byte) (Record, error) {
+	var r Record
+	ts, rest, ok := bytes.Cut(line, []byte{' '})
+	if !ok {
+		return r, errors.New("no stream after timestamp")
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(ts))
+	if err != nil {
+		return r, fmt.Errorf("timestamp: %w", err)
+	}
+	stream, rest, ok := bytes.Cut(rest, []byte{' '})
+	if !ok || (string(stream) != "stdout" && string(stream) != "stderr") {
+		return r, fmt.Errorf("bad stream %q", stream)
+	}
+	tag, content, ok := bytes.Cut(rest, []byte{' '})
+	if !ok {
+		// An empty line is written as "<ts> <stream> F " but tolerate a
+		// missing trailing space.
+		tag, content = rest, nil
+	}
+	switch string(tag) {
+	case "F":
+	case "P":
+		r.Partial = true
+	default:
+		return r, fmt.Errorf("bad tag %q", tag)
+	}
+	r.Time, r.Stream, r.Content = t, string(stream), content
+	return r, nil
+}
+
+// ReadOptions select what Read returns, as kubectl logs' flags do.
+type ReadOptions struct {
+	Follow     bool
+	TailLines  int64 // < 0 for all
+	Since      time.Time
+	Timestamps bool
+	LimitBytes int64 // 0 for no limit
+	// Poll is how often Follow looks for new lines (default 250ms).
+	Poll time.Duration
+}
+
+// Read writes the log at path, across its rotated files, to w. With Follow
+// it keeps writing new lines until ctx ends.
+func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w io.Writer) error {
+	if opts.Poll <= 0 {
+		opts.Poll = 250 * time.Millisecond
+	}
+	out := &limitWriter{w: w, left: opts.LimitBytes}
+	var lines [][]byte
+	var pending []byte
+	emit := func(r Record) {
+		if !opts.Since.IsZero() && r.Time.Before(opts.Since) {
+			pending = nil
+			return
+		}
+		pending = append(pending, r.Content...)
+		if r.Partial {
+			return
+		}
+		var line []byte
+		if opts.Timestamps {
+			line = append([]byte(r.Time.Format(time.RFC3339Nano)+" "), pending...)
+		} else {
+			line = append([]byte(nil), pending...)
+		}
+		pending = nil
+		lines = append(lines, append(line, '\n'))
+	}
+	files := append(Rotated(path), path)
+	var live *tailer
+	for i, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		t := newTailer(f)
+		if err := t.scan(emit); err != nil {
+			f.Close()
+			return err
+		}
+		if i == len(files)-1 && opts.Follow {
+			live = t
+		} else {
+			f.Close()
+		}
+	}
+	if opts.TailLines >= 0 && int64(len(lines)) > opts.TailLines {
+		lines = lines[int64(len(lines))-opts.TailLines:]
+	}
+	for _, l := range lines {
+		if _, err := out.Write(l); err != nil {
+			return ignoreLimit(err)
+		}
+	}
+	if !opts.Follow || live == nil {
+		return nil
+	}
+	defer func() { live.f.Close() }()
+	tick := clk.NewTicker(opts.Poll)
+	defer tick.Stop()
+	for {
+		lines = nil
+		if err := live.scan(emit); err != nil {
+			return err
+		}
+		for _, l := range lines {
+			if _, err := out.Write(l); err != nil {
+				return ignoreLimit(err)
+			}
+		}
+		// A rotation renames the live file: once it is drained, go on with
+		// the file written after it, which may itself be rotated already.
+		if next := nextFile(path, live.f); next != "" {
+			if f, err := os.Open(next); err == nil {
+				live.f.Close()
+				live = newTailer(f)
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C():
+		}
+	}
+}
+
+// nextFile returns the file to follow after cur once cur is no longer the
+// live log, or "" while cur is still live.
+func nextFile(path string, cur *os.File) string {
+	curSt, err := cur.Stat()
+	if err != nil {
+		return ""
+	}
+	if st, err := os.Stat(path); err != nil || os.SameFile(st, curSt) {
+		return ""
+	}
+	files := append(Rotated(path), path)
+	for i, f := range files[:len(files)-1] {
+		if st, err := os.Stat(f); err == nil && os.SameFile(st, curSt) {
+			return files[i+1]
+		}
+	}
+	// Ours was deleted by rotation: the live file is all that is certain.
+	return path
+}
+
+// tailer reads complete lines from a file that may still be growing; an
+// incomplete last line waits in carry for the next read.
+type tailer struct {
+	f     *os.File
+	carry []byte
+	buf   []byte
+}
+
+func newTailer(f *os.File) *tailer { return &tailer{f: f, buf: make([]byte, 64<<10)} }
+
+func (t *tailer) scan(emit func(Record)) error {
+	for {
+		n, err := t.f.Read(t.buf)
+		data := append(t.carry, t.buf[:n]...)
+		for {
+			i := bytes.IndexByte(data, '\n')
+			if i < 0 {
+				break
+			}
+			if rec, perr := ParseLine(data[:i]); perr == nil {
+				emit(rec) // a damaged line is skipped, not fatal
+			}
+			data = data[i+1:]
+		}
+		t.carry = append(t.carry[:0], data...)
+		if err == io.EOF || n == 0 {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+var errLimit = errors.New("limit reached")
+
+type limitWriter struct {
+	w    io.Writer
+	left int64 // 0 = unlimited
+	used bool
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if l.left == 0 && !l.used {
+		return l.w.Write(p)
+	}
+	l.used = true
+	if l.left <= 0 {
+		return 0, errLimit
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.w.Write(p)
+	l.left -= int64(n)
+	if err == nil && l.left <= 0 {
+		err = errLimit
+	}
+	return n, err
+}
+
+func ignoreLimit(err error) error {
+	if errors.Is(err, errLimit) {
+		return nil
+	}
+	return err
+}
