@@ -11,9 +11,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/outpost-edge/outpost/agent/staticpods"
@@ -36,6 +38,8 @@ type Config struct {
 	Version string
 	// Board is what the board said about itself at start.
 	Board arm.Facts
+	// Pods configures running pods; used when Deps.Pods.Runtime is set.
+	Pods PodConfig
 }
 
 // Deps are the agent's collaborators.
@@ -43,6 +47,8 @@ type Deps struct {
 	Store *store.Store
 	Clock clock.Clock
 	Log   *slog.Logger
+	// Pods runs the pods; with no Runtime the agent only records them.
+	Pods PodDeps
 }
 
 // Agent owns the node's desired-state loop.
@@ -51,9 +57,12 @@ type Agent struct {
 	deps    Deps
 	started time.Time
 
+	pods *podManager
+
 	mu             sync.Mutex
 	manifestErrors []string
 	lastSync       time.Time
+	manifestPrint  string
 }
 
 // New checks cfg and returns an agent; it starts nothing.
@@ -65,9 +74,14 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, errors.New("agent: node name is required")
 	}
 	if cfg.ManifestInterval == 0 {
-		cfg.ManifestInterval = 20 * time.Second
+		cfg.ManifestInterval = time.Second
 	}
-	return &Agent{cfg: cfg, deps: deps}, nil
+	a := &Agent{cfg: cfg, deps: deps}
+	if deps.Pods.Runtime != nil {
+		cfg.Pods.NodeName = cfg.NodeName
+		a.pods = newPodManager(cfg.Pods, deps.Pods, deps.Store, deps.Clock, deps.Log)
+	}
+	return a, nil
 }
 
 // Run records the manifests, then keeps them in sync and serves status
@@ -94,15 +108,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.deps.Log.Info("agent started", "node", a.cfg.NodeName, "manifestDir", a.cfg.ManifestDir, "store", a.deps.Store.Path())
 	tick := a.deps.Clock.NewTicker(a.cfg.ManifestInterval)
 	defer tick.Stop()
+	if err := a.SyncManifests(); err != nil {
+		a.deps.Log.Error("sync manifests", "err", err)
+	}
+	if a.pods != nil {
+		podsCtx, stopPods := context.WithCancel(ctx)
+		podsDone := make(chan struct{})
+		go func() { a.pods.run(podsCtx); close(podsDone) }()
+		defer func() { stopPods(); <-podsDone }()
+	}
 	for {
-		if err := a.SyncManifests(); err != nil {
-			a.deps.Log.Error("sync manifests", "err", err)
-		}
 		select {
 		case <-ctx.Done():
 			a.deps.Log.Info("agent stopping")
 			return nil
 		case <-tick.C():
+		}
+		if err := a.SyncManifests(); err != nil {
+			a.deps.Log.Error("sync manifests", "err", err)
 		}
 	}
 }
@@ -129,6 +152,15 @@ func listenUnix(path string) (net.Listener, error) {
 // keeps what the store already holds from it, so a typo never stops a
 // running pod; a deleted file removes its objects.
 func (a *Agent) SyncManifests() error {
+	// Re-parse only when a manifest file changed: the directory is looked
+	// at every second, so an edit shows within 2 s at almost no cost.
+	print := manifestFingerprint(a.cfg.ManifestDir)
+	a.mu.Lock()
+	unchanged := print == a.manifestPrint
+	a.mu.Unlock()
+	if unchanged {
+		return nil
+	}
 	m, err := staticpods.Read(a.cfg.ManifestDir, a.cfg.NodeName)
 	if err != nil {
 		return err
@@ -175,8 +207,37 @@ func (a *Agent) SyncManifests() error {
 	}
 	a.mu.Lock()
 	a.lastSync = a.deps.Clock.Now()
+	if len(errs) == 0 {
+		a.manifestPrint = print
+	}
 	a.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// manifestFingerprint sums the names, sizes, modification times and
+// inodes of the manifest files.
+func manifestFingerprint(dir string) string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if !staticpods.IsManifest(e.Name()) {
+			continue
+		}
+		info, err := os.Stat(filepath.Join(dir, e.Name()))
+		if err != nil {
+			fmt.Fprintf(&b, "%s:err;", e.Name())
+			continue
+		}
+		var ino uint64
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			ino = st.Ino
+		}
+		fmt.Fprintf(&b, "%s:%d:%d:%d;", e.Name(), info.Size(), info.ModTime().UnixNano(), ino)
+	}
+	return b.String()
 }
 
 // noteManifestErrors logs manifest problems when they change, not on every

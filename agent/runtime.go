@@ -29,8 +29,9 @@ type Runtime interface {
 	Stop(ctx context.Context, id string, grace time.Duration) error
 	// Remove deletes a stopped container and its snapshot.
 	Remove(ctx context.Context, id string) error
-	// List returns every container the agent created.
-	List(ctx context.Context) ([]Container, error)
+	// List returns the containers the agent created for the pod with this
+	// UID, or all of them when podUID is "".
+	List(ctx context.Context, podUID string) ([]Container, error)
 	// Exec runs cmd in a running container and returns its exit code and
 	// combined output (at most 64 KiB).
 	Exec(ctx context.Context, id string, cmd []string) (int, []byte, error)
@@ -140,3 +141,9 @@ type Container struct {
 	// Reason is "OOMKilled" when the kernel killed it for memory, else "".
 	Reason string
 }
+
+// Image errors, as the reasons kubelet reports (ErrImagePull, ErrImageNeverPull).
+var (
+	ErrImagePull      = errors.New("ErrImagePull")
+	ErrImageNeverPull = errors.New("ErrImageNeverPull")
+)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/store"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Status is what `outpost status` shows: what the store holds and, when the
@@ -34,7 +35,7 @@ type StoreInfo struct {
 	Schema int    `json:"schema"`
 }
 
-// PodInfo is one desired pod.
+// PodInfo is one desired pod and, when known, its status.
 type PodInfo struct {
 	Namespace  string `json:"namespace"`
 	Name       string `json:"name"`
@@ -42,6 +43,11 @@ type PodInfo struct {
 	Source     string `json:"source"`
 	Containers int    `json:"containers"`
 	Images     string `json:"images"`
+	// Status is the newest computed status: from the running agent, or
+	// from the journal when reading the store alone (absent once a sink
+	// has sent it).
+	Status *corev1.PodStatus `json:"status,omitempty"`
+	Events []Event           `json:"events,omitempty"`
 }
 
 // ServiceRow is one desired service.
@@ -77,12 +83,21 @@ func ReadStatus(st *store.Store) (Status, error) {
 	if s.JournalBacklog, err = st.Backlog(); err != nil {
 		return s, fmt.Errorf("read journal: %w", err)
 	}
+	journaled := map[string]*corev1.PodStatus{}
+	if pend, err := st.Pending(0, 0); err == nil {
+		for _, e := range pend {
+			var p corev1.Pod
+			if strings.HasPrefix(e.Key, "pod/") && p.Unmarshal(e.Value) == nil {
+				journaled[string(p.UID)] = &p.Status
+			}
+		}
+	}
 	pods, err := st.Pods().List()
 	for _, r := range pods {
 		p := r.Object
 		s.Pods = append(s.Pods, PodInfo{
 			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Source: r.Source.String(),
-			Containers: len(p.Spec.Containers), Images: podImages(p),
+			Containers: len(p.Spec.Containers), Images: podImages(p), Status: journaled[string(p.UID)],
 		})
 	}
 	if err != nil {
@@ -109,6 +124,15 @@ func ReadStatus(st *store.Store) (Status, error) {
 func (a *Agent) Status() (Status, error) {
 	s, err := ReadStatus(a.deps.Store)
 	s.From = "agent"
+	if a.pods != nil {
+		views := a.pods.views()
+		for i := range s.Pods {
+			if v, ok := views[s.Pods[i].UID]; ok {
+				st := v.Status
+				s.Pods[i].Status, s.Pods[i].Events = &st, v.Events
+			}
+		}
+	}
 	a.mu.Lock()
 	s.Agent = &AgentInfo{
 		Version: a.cfg.Version, Board: a.cfg.Board, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,

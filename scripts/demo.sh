@@ -62,6 +62,8 @@ nodeName: outpost-demo
 stateDir: $DEMO/state
 manifestDir: $PWD/examples
 imageDir: $DEMO/images
+logDir: $DEMO/logs
+runDir: $DEMO/run
 containerd:
   address: $SOCK
 EOT
@@ -70,7 +72,7 @@ bin/outpost agent --config "$DEMO/config.yaml" 2>"$DEMO/agent.log" &
 agent=$!
 pids+=($agent)
 for _ in $(seq 100); do [[ -S $DEMO/state/outpost.sock ]] && break; sleep 0.1; done
-sleep 0.5
+sleep 4
 sed 's/^/agent log: /' "$DEMO/agent.log"
 echo
 echo "== outpost status"

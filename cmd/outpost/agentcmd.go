@@ -2,12 +2,24 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	ctrd "github.com/outpost-edge/outpost/agent/containerd"
+	"github.com/outpost-edge/outpost/agent/podenv"
+	"github.com/outpost-edge/outpost/agent/volume"
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
@@ -26,6 +38,7 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 
 func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	fs, path := newFlags("agent")
+	noPods := fs.Bool("record-only", false, "record manifests into the store without running pods (no containerd needed)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -49,15 +62,146 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	if !board.MemoryCgroup {
 		log.Warn("the memory cgroup controller is off: memory limits cannot be enforced (on Raspberry Pi OS add cgroup_enable=memory to /boot/firmware/cmdline.txt)", "cgroup", board.Cgroup)
 	}
-	a, err := agent.New(agent.Config{
+	clk := clock.Real{}
+	acfg := agent.Config{
 		Board:       board,
 		NodeName:    cfg.NodeName,
 		ManifestDir: cfg.ManifestDir,
 		SocketPath:  cfg.SocketPath(),
 		Version:     version,
-	}, agent.Deps{Store: st, Clock: clock.Real{}, Log: log})
+		Pods: agent.PodConfig{
+			HostIP:         hostIP(),
+			ClusterDNS:     cfg.Network.ClusterDNS,
+			ClusterDomain:  cfg.Network.ClusterDomain,
+			PodsDir:        filepath.Join(cfg.StateDir, "pods"),
+			LogDir:         cfg.LogDir,
+			MemoryCapacity: memTotal(),
+		},
+	}
+	deps := agent.Deps{Store: st, Clock: clk, Log: log}
+	if !*noPods {
+		rt, err := connectRuntime(ctx, cfg, clk, log)
+		if err != nil {
+			return err
+		}
+		defer rt.Close()
+		importImages(ctx, rt, cfg.ImageDir, log)
+		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, volume.Deps{Store: st, Clock: clk, Log: log})
+		if err != nil {
+			return err
+		}
+		sources := podenv.StoreSources(st)
+		sources.HostIP = acfg.Pods.HostIP
+		deps.Pods = agent.PodDeps{
+			Runtime: rt,
+			Env: func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error) {
+				s := sources
+				s.PodIP = podIP
+				return podenv.Env(pod, c, s)
+			},
+			Volumes: func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error) {
+				vs, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP})
+				if err != nil {
+					return nil, err
+				}
+				return volume.Mounts(pod, c, vs)
+			},
+			TeardownVolumes: vols.Teardown,
+		}
+		nw, natLoop, err := newPodNetwork(ctx, cfg, st, log)
+		if err != nil {
+			return err
+		}
+		deps.Pods.Network = nw
+		loopCtx, stopLoop := context.WithCancel(ctx)
+		loopDone := make(chan struct{})
+		go func() { natLoop(loopCtx); close(loopDone) }()
+		defer func() { stopLoop(); <-loopDone }()
+	}
+	a, err := agent.New(acfg, deps)
 	if err != nil {
 		return err
 	}
 	return a.Run(ctx)
+}
+
+// connectRuntime connects to containerd, waiting for it (it may start
+// after the agent at boot) until ctx ends.
+func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log *slog.Logger) (*ctrd.Runtime, error) {
+	backoff := time.Second
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rt, err := ctrd.New(cctx, ctrd.Config{
+			Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
+			FIFODir: filepath.Join(cfg.RunDir, "fifo"),
+		}, ctrd.Deps{Clock: clk, Log: log})
+		cancel()
+		if err == nil {
+			v, _ := rt.Version(ctx)
+			log.Info("connected to containerd", "address", cfg.Containerd.Address, "version", v, "namespace", cfg.Containerd.Namespace)
+			return rt, nil
+		}
+		log.Warn("containerd not reachable; retrying", "address", cfg.Containerd.Address, "err", err, "in", backoff)
+		t := clk.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("containerd %s: %w", cfg.Containerd.Address, errors.Join(err, ctx.Err()))
+		case <-t.C():
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// importImages imports the image tarballs in dir, so pods start with no
+// registry in reach.
+func importImages(ctx context.Context, rt *ctrd.Runtime, dir string, log *slog.Logger) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.Warn("read image dir", "dir", dir, "err", err)
+		}
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".tar") {
+			continue
+		}
+		names, err := rt.ImportFile(ctx, filepath.Join(dir, e.Name()))
+		if err != nil {
+			log.Warn("import image tarball", "file", e.Name(), "err", err)
+			continue
+		}
+		log.Info("imported images", "file", e.Name(), "images", names)
+	}
+}
+
+// hostIP is the first global unicast IPv4 address of an interface that is
+// up, the node's InternalIP.
+func hostIP() string {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return ""
+	}
+	for _, i := range ifaces {
+		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 || strings.HasPrefix(i.Name, "outpost") || strings.HasPrefix(i.Name, "vo") {
+			continue
+		}
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && ipn.IP.IsGlobalUnicast() {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return ""
+}
+
+// memTotal is the node's memory in bytes.
+func memTotal() int64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int64(si.Totalram) * int64(si.Unit)
 }

@@ -78,7 +78,9 @@ func TestAgentAndStatus(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"agent", "--config", cfgPath}, os.Stdout, os.Stderr) }()
+	go func() {
+		done <- run(ctx, []string{"agent", "--record-only", "--config", cfgPath}, os.Stdout, os.Stderr)
+	}()
 
 	status := func() agent.Status {
 		t.Helper()
@@ -116,7 +118,7 @@ func TestAgentAndStatus(t *testing.T) {
 	if err := run(context.Background(), []string{"status", "--config", cfgPath}, &table, &table); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"read from the running agent", "web-test-node", "static", "outpost.test/busybox:1.35"} {
+	for _, want := range []string{"read from the running agent", "web-test-node", "static", "PHASE"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/store"
+	corev1 "k8s.io/api/core/v1"
 )
 
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
@@ -108,12 +109,30 @@ func printStatus(w io.Writer, s agent.Status) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tPOD\tSOURCE\tCONTAINERS\tIMAGES")
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tSOURCE\tPHASE\tREADY\tRESTARTS\tIP\tAGE")
 	for _, p := range s.Pods {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", p.Namespace, p.Name, p.Source, p.Containers, p.Images)
+		phase, ready, restarts, ip, age := "-", fmt.Sprintf("0/%d", p.Containers), "0", "-", "-"
+		if st := p.Status; st != nil {
+			phase = podPhase(st)
+			n, r := 0, int32(0)
+			for _, c := range st.ContainerStatuses {
+				if c.Ready {
+					n++
+				}
+				r += c.RestartCount
+			}
+			ready, restarts = fmt.Sprintf("%d/%d", n, p.Containers), fmt.Sprint(r)
+			if st.PodIP != "" {
+				ip = st.PodIP
+			}
+			if st.StartTime != nil {
+				age = shortDuration(time.Since(st.StartTime.Time))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, p.Source, phase, ready, restarts, ip, age)
 	}
 	if len(s.Pods) == 0 {
-		fmt.Fprintln(tw, "(no pods)\t\t\t\t")
+		fmt.Fprintln(tw, "(no pods)\t\t\t\t\t\t\t")
 	}
 	tw.Flush()
 	if len(s.Services) > 0 {
@@ -133,4 +152,35 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// podPhase is the STATUS column kubectl shows: a waiting or terminated
+// container's reason when there is one, else the phase.
+func podPhase(st *corev1.PodStatus) string {
+	for _, c := range append(append([]corev1.ContainerStatus(nil), st.InitContainerStatuses...), st.ContainerStatuses...) {
+		if w := c.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
+			return w.Reason
+		}
+	}
+	for _, c := range st.ContainerStatuses {
+		if t := c.State.Terminated; t != nil && st.Phase != corev1.PodSucceeded && st.Phase != corev1.PodFailed && t.Reason != "" {
+			return t.Reason
+		}
+	}
+	if st.Phase == "" {
+		return "Pending"
+	}
+	return string(st.Phase)
+}
+
+func shortDuration(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
 }

@@ -27,6 +27,11 @@ type Config struct {
 	ManifestDir string `json:"manifestDir"`
 	// ImageDir holds OCI image tarballs imported at start, for offline use.
 	ImageDir string `json:"imageDir"`
+	// LogDir holds container logs, as kubelet's /var/log/pods.
+	LogDir string `json:"logDir"`
+	// RunDir holds runtime files that must not outlive a reboot: the
+	// FIFOs between containers and the agent.
+	RunDir string `json:"runDir"`
 	// Kubeconfig points at the API server; empty runs standalone.
 	Kubeconfig string `json:"kubeconfig"`
 	// Containerd says which containerd to drive.
@@ -82,6 +87,8 @@ func Default() Config {
 		StateDir:    "/var/lib/outpost",
 		ManifestDir: "/etc/outpost/manifests",
 		ImageDir:    "/var/lib/outpost/images",
+		LogDir:      "/var/log/pods",
+		RunDir:      "/run/outpost",
 		Containerd:  Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost"},
 		Network: Network{
 			PodCIDR:       "10.42.0.0/24",
@@ -168,7 +175,8 @@ func (c Config) validate(name string) error {
 		bad("nodeName", "%q is not a valid node name: %s", c.NodeName, errs[0])
 	}
 	for _, f := range []struct{ name, val string }{
-		{"stateDir", c.StateDir}, {"manifestDir", c.ManifestDir}, {"imageDir", c.ImageDir}, {"containerd.address", c.Containerd.Address},
+		{"stateDir", c.StateDir}, {"manifestDir", c.ManifestDir}, {"imageDir", c.ImageDir},
+		{"logDir", c.LogDir}, {"runDir", c.RunDir}, {"containerd.address", c.Containerd.Address},
 	} {
 		if !filepath.IsAbs(f.val) {
 			bad(f.name, "%q is not an absolute path", f.val)

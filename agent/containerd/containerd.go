@@ -1,0 +1,788 @@
+// Package containerd is the agent's Runtime over containerd, through the
+// containerd v2 Go client, in one containerd namespace (default
+// "outpost"). Tested against containerd 1.6 (Debian 12); containerd 1.7 and
+// 2.x serve the same API. Container output is copied from the shim's FIFOs
+// into CRI-format log files; after an agent restart the copy is re-attached
+// to the running tasks' FIFOs.
+package containerd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	"github.com/distribution/reference"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/agent/crilog"
+	"github.com/outpost-edge/outpost/internal/clock"
+)
+
+// Labels the adapter keeps on a container once its task has ended; the
+// task itself is deleted at once, so no shim lingers for a dead container.
+const (
+	labelExitCode   = "io.outpost.container.exit-code"
+	labelFinishedAt = "io.outpost.container.finished"
+	labelReason     = "io.outpost.container.reason"
+)
+
+// Config says which containerd to use and where container I/O goes.
+type Config struct {
+	Address     string
+	Namespace   string
+	Snapshotter string // default overlayfs
+	// FIFODir holds the FIFOs between shims and the agent; on tmpfs, so
+	// it survives an agent restart and not a reboot (default
+	// /run/outpost/fifo).
+	FIFODir string
+	Log     crilog.Options
+}
+
+// Deps are the adapter's collaborators.
+type Deps struct {
+	Clock clock.Clock
+	Log   *slog.Logger
+}
+
+// Runtime implements agent.Runtime over containerd.
+type Runtime struct {
+	cfg    Config
+	deps   Deps
+	client *containerd.Client
+
+	mu       sync.Mutex
+	attached map[string]bool // containers whose output is being copied
+	oom      map[string]bool // containers the kernel OOM-killed
+}
+
+var _ agent.Runtime = (*Runtime)(nil)
+
+// New connects to containerd. It fails if containerd does not answer
+// within ctx.
+func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
+	if cfg.Namespace == "" {
+		cfg.Namespace = "outpost"
+	}
+	if cfg.Snapshotter == "" {
+		cfg.Snapshotter = "overlayfs"
+	}
+	if cfg.FIFODir == "" {
+		cfg.FIFODir = "/run/outpost/fifo"
+	}
+	if err := os.MkdirAll(cfg.FIFODir, 0o700); err != nil {
+		return nil, fmt.Errorf("containerd: fifo dir: %w", err)
+	}
+	cl, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace), containerd.WithTimeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("containerd %s: %w", cfg.Address, err)
+	}
+	r := &Runtime{cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, oom: map[string]bool{}}
+	if _, err := r.Version(ctx); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close closes the connection; running containers are not touched.
+func (r *Runtime) Close() error { return r.client.Close() }
+
+func (r *Runtime) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, r.cfg.Namespace)
+}
+
+// Version returns "containerd://<version>".
+func (r *Runtime) Version(ctx context.Context) (string, error) {
+	v, err := r.client.Version(r.ctx(ctx))
+	if err != nil {
+		return "", fmt.Errorf("containerd %s: version: %w", r.cfg.Address, err)
+	}
+	return "containerd://" + v.Version, nil
+}
+
+// NormalizeRef returns the fully qualified form of an image reference
+// (busybox → docker.io/library/busybox:latest).
+func NormalizeRef(ref string) (string, error) {
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return "", fmt.Errorf("image %q: %w", ref, err)
+	}
+	return named.String(), nil
+}
+
+// EnsureImage makes ref present per policy, unpacked for the snapshotter.
+func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.PullPolicy) (agent.Image, error) {
+	ctx = r.ctx(ctx)
+	name, err := NormalizeRef(ref)
+	if err != nil {
+		return agent.Image{}, err
+	}
+	img, err := r.client.GetImage(ctx, name)
+	present := err == nil
+	if err != nil && !errdefs.IsNotFound(err) {
+		return agent.Image{}, fmt.Errorf("image %s: %w", name, err)
+	}
+	switch {
+	case policy == corev1.PullNever && !present:
+		return agent.Image{}, fmt.Errorf("image %s: %w", name, agent.ErrImageNeverPull)
+	case !present || policy == corev1.PullAlways:
+		pulled, perr := r.client.Pull(ctx, name, containerd.WithPullUnpack, containerd.WithPullSnapshotter(r.cfg.Snapshotter))
+		if perr != nil {
+			if present {
+				// Offline with a present image: run what we have.
+				r.deps.Log.Warn("image pull failed; using the present image", "image", name, "err", perr)
+				break
+			}
+			return agent.Image{}, fmt.Errorf("pull %s: %w: %v", name, agent.ErrImagePull, perr)
+		}
+		img = pulled
+	}
+	if ok, _ := img.IsUnpacked(ctx, r.cfg.Snapshotter); !ok {
+		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
+			return agent.Image{}, fmt.Errorf("unpack %s: %w", name, err)
+		}
+	}
+	spec, err := img.Spec(ctx)
+	if err != nil {
+		return agent.Image{}, fmt.Errorf("image %s config: %w", name, err)
+	}
+	return agent.Image{
+		Ref: name, ID: img.Name() + "@" + img.Target().Digest.String(),
+		Entrypoint: spec.Config.Entrypoint, Cmd: spec.Config.Cmd, Env: spec.Config.Env,
+		WorkingDir: spec.Config.WorkingDir, User: spec.Config.User, StopSignal: spec.Config.StopSignal,
+	}, nil
+}
+
+// Create creates a container from spec, with a fresh snapshot of its image.
+func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
+	ctx = r.ctx(ctx)
+	img, err := r.client.GetImage(ctx, s.Image.Ref)
+	if err != nil {
+		return fmt.Errorf("create %s: image %s: %w", s.ID, s.Image.Ref, err)
+	}
+	labels := map[string]string{}
+	for k, v := range s.Labels {
+		labels[k] = v
+	}
+	labels[agent.LabelLogPath] = s.LogPath
+	labels[agent.LabelImageRef] = s.Image.ID
+	opts := []oci.SpecOpts{
+		oci.WithImageConfig(img),
+		oci.WithProcessArgs(s.Args...),
+		oci.WithEnv(s.Env),
+		oci.WithMounts(s.Mounts),
+		oci.WithCgroup(s.CgroupParent + "/" + s.ID),
+		withNoNewPrivileges(s.Security.NoNewPrivileges),
+	}
+	if s.Hostname != "" {
+		opts = append(opts, oci.WithHostname(s.Hostname))
+	}
+	if s.WorkingDir != "" {
+		opts = append(opts, oci.WithProcessCwd(s.WorkingDir))
+	}
+	if s.NetNSPath == "" {
+		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace))
+	} else {
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNSPath}))
+	}
+	res := s.Resources
+	if res.CPUShares > 0 {
+		opts = append(opts, oci.WithCPUShares(res.CPUShares))
+	}
+	if res.CPUQuota > 0 {
+		opts = append(opts, oci.WithCPUCFS(res.CPUQuota, res.CPUPeriod))
+	}
+	if res.MemoryLimit > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(res.MemoryLimit)))
+	}
+	opts = append(opts, r.withOOMScoreAdj(s.ID, res.OOMScoreAdj))
+	sec := s.Security
+	if sec.UID != nil {
+		gid := uint32(0)
+		if sec.GID != nil {
+			gid = uint32(*sec.GID)
+		}
+		opts = append(opts, oci.WithUIDGID(uint32(*sec.UID), gid))
+	} else if sec.GID != nil {
+		opts = append(opts, withGID(uint32(*sec.GID)))
+	}
+	if len(sec.SupplementalGID) > 0 {
+		opts = append(opts, withSupplementalGroups(sec.SupplementalGID))
+	}
+	if sec.Privileged {
+		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
+	}
+	if len(sec.CapAdd) > 0 {
+		opts = append(opts, oci.WithAddedCapabilities(capNames(sec.CapAdd)))
+	}
+	if len(sec.CapDrop) > 0 {
+		opts = append(opts, oci.WithDroppedCapabilities(capNames(sec.CapDrop)))
+	}
+	if sec.ReadOnlyRootfs {
+		opts = append(opts, oci.WithRootFSReadonly())
+	}
+	_, err = r.client.NewContainer(ctx, s.ID,
+		containerd.WithContainerLabels(labels),
+		containerd.WithSnapshotter(r.cfg.Snapshotter),
+		containerd.WithNewSnapshot(s.ID, img),
+		containerd.WithNewSpec(opts...),
+	)
+	if errdefs.IsAlreadyExists(err) {
+		return fmt.Errorf("create %s: %w", s.ID, agent.ErrExists)
+	}
+	if err != nil {
+		// A snapshot left by a half-finished create would block the retry.
+		if serr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, s.ID); serr != nil && !errdefs.IsNotFound(serr) {
+			r.deps.Log.Debug("remove snapshot after failed create", "container", s.ID, "err", serr)
+		}
+		return fmt.Errorf("create %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+func capNames(caps []string) []string {
+	out := make([]string, len(caps))
+	for i, c := range caps {
+		if len(c) < 4 || c[:4] != "CAP_" {
+			c = "CAP_" + c
+		}
+		out[i] = c
+	}
+	return out
+}
+
+func withNoNewPrivileges(on bool) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process != nil {
+			s.Process.NoNewPrivileges = on
+		}
+		return nil
+	}
+}
+
+func withGID(gid uint32) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process != nil {
+			s.Process.User.GID = gid
+		}
+		return nil
+	}
+}
+
+func withSupplementalGroups(gids []int64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil {
+			return nil
+		}
+		for _, g := range gids {
+			s.Process.User.AdditionalGids = append(s.Process.User.AdditionalGids, uint32(g))
+		}
+		return nil
+	}
+}
+
+// withOOMScoreAdj sets oom_score_adj, clamped to what this process may
+// set: lowering it below the agent's own needs CAP_SYS_RESOURCE, and runc
+// fails the whole container when it cannot ("can't get final child's PID
+// from pipe"), so a value that cannot be set is raised with a warning.
+func (r *Runtime) withOOMScoreAdj(id string, want int) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil {
+			return nil
+		}
+		v := want
+		if floor, ok := ownOOMScoreAdj(); ok && v < floor && !hasSysResource() {
+			r.deps.Log.Warn("oom_score_adj clamped: lowering it needs CAP_SYS_RESOURCE", "container", id, "want", want, "set", floor)
+			v = floor
+		}
+		s.Process.OOMScoreAdj = &v
+		return nil
+	}
+}
+
+func ownOOMScoreAdj() (int, bool) {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(string(bytes.TrimSpace(b)))
+	return n, err == nil
+}
+
+// hasSysResource reports whether CAP_SYS_RESOURCE is in this process's
+// effective set.
+func hasSysResource() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("CapEff:")); ok {
+			caps, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 16, 64)
+			return err == nil && caps&(1<<24) != 0 // CAP_SYS_RESOURCE = 24
+		}
+	}
+	return false
+}
+
+// Start starts the container's task with its output going to its log.
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", id, notFound(err))
+	}
+	labels, err := c.Labels(ctx)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	// A task left from an earlier, failed start is replaced.
+	if old, err := c.Task(ctx, nil); err == nil {
+		old.Delete(ctx, containerd.WithProcessKill)
+	}
+	out, errOut, closeLog, err := r.logStreams(labels[agent.LabelLogPath])
+	if err != nil {
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithFIFODir(r.cfg.FIFODir), cio.WithStreams(nil, out, errOut)))
+	if err != nil {
+		closeLog()
+		return fmt.Errorf("start %s: create task: %w", id, err)
+	}
+	r.watchIO(id, task.IO(), closeLog)
+	if err := task.Start(ctx); err != nil {
+		task.Delete(ctx, containerd.WithProcessKill)
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	if _, err := c.SetLabels(ctx, map[string]string{agent.LabelStartedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
+		return fmt.Errorf("start %s: record start time: %w", id, err)
+	}
+	return nil
+}
+
+// logStreams opens the container's CRI log and returns its two streams
+// and a func that flushes and closes them.
+func (r *Runtime) logStreams(path string) (out, errOut *lockedStream, closeLog func(), err error) {
+	if path == "" {
+		return nil, nil, nil, errors.New("no log path label")
+	}
+	w, err := crilog.Open(path, r.cfg.Log, r.deps.Clock)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	out, errOut = &lockedStream{s: w.Stream("stdout")}, &lockedStream{s: w.Stream("stderr")}
+	return out, errOut, func() { out.Close(); errOut.Close(); w.Close() }, nil
+}
+
+// watchIO marks id attached and, when the copy ends (the task exited),
+// closes the log and clears the mark.
+func (r *Runtime) watchIO(id string, io cio.IO, closeLog func()) {
+	r.mu.Lock()
+	r.attached[id] = true
+	r.mu.Unlock()
+	go func() {
+		io.Wait()
+		io.Close()
+		closeLog()
+		r.mu.Lock()
+		delete(r.attached, id)
+		r.mu.Unlock()
+	}()
+}
+
+// reattach copies a running task's output again after an agent restart.
+func (r *Runtime) reattach(ctx context.Context, c containerd.Container, labels map[string]string) {
+	r.mu.Lock()
+	done := r.attached[c.ID()]
+	r.mu.Unlock()
+	if done {
+		return
+	}
+	out, errOut, closeLog, err := r.logStreams(labels[agent.LabelLogPath])
+	if err != nil {
+		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)
+		return
+	}
+	task, err := c.Task(ctx, cio.NewAttach(cio.WithStreams(nil, out, errOut)))
+	if err != nil {
+		closeLog()
+		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)
+		return
+	}
+	r.watchIO(c.ID(), task.IO(), closeLog)
+}
+
+// Stop sends the stop signal, waits up to grace, then SIGKILL.
+func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("stop %s: %w", id, notFound(err))
+	}
+	task, err := c.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil // nothing running
+	}
+	if err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
+	}
+	if st.Status == containerd.Running || st.Status == containerd.Paused {
+		exitc, err := task.Wait(ctx)
+		if err != nil {
+			return fmt.Errorf("stop %s: %w", id, err)
+		}
+		sig := syscall.SIGTERM
+		if s, err := containerd.GetStopSignal(ctx, c, syscall.SIGTERM); err == nil {
+			sig = s
+		}
+		if err := task.Kill(ctx, sig); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("stop %s: signal: %w", id, err)
+		}
+		timer := r.deps.Clock.NewTimer(grace)
+		select {
+		case <-exitc:
+			timer.Stop()
+		case <-timer.C():
+			if err := task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("stop %s: kill: %w", id, err)
+			}
+			select {
+			case <-exitc:
+			case <-ctx.Done():
+				return fmt.Errorf("stop %s: %w", id, ctx.Err())
+			}
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("stop %s: %w", id, ctx.Err())
+		}
+	}
+	return r.reap(ctx, c, task)
+}
+
+// reap deletes an ended task, recording its exit in the container's
+// labels so the state outlives the task (and its shim).
+func (r *Runtime) reap(ctx context.Context, c containerd.Container, task containerd.Task) error {
+	st, err := task.Delete(ctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete task %s: %w", c.ID(), err)
+	}
+	labels := map[string]string{}
+	if st != nil {
+		labels[labelExitCode] = strconv.Itoa(int(st.ExitCode()))
+		at := st.ExitTime()
+		if at.IsZero() || at.Year() < 2000 {
+			at = r.deps.Clock.Now()
+		}
+		labels[labelFinishedAt] = at.UTC().Format(time.RFC3339Nano)
+	}
+	r.mu.Lock()
+	if r.oom[c.ID()] {
+		labels[labelReason] = "OOMKilled"
+		delete(r.oom, c.ID())
+	}
+	r.mu.Unlock()
+	if len(labels) > 0 {
+		if _, err := c.SetLabels(ctx, labels); err != nil {
+			return fmt.Errorf("record exit of %s: %w", c.ID(), err)
+		}
+	}
+	return nil
+}
+
+// Remove deletes the container, its task and its snapshot.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	if task, err := c.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove %s: task: %w", id, err)
+		}
+	}
+	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	return nil
+}
+
+// List returns the agent's containers with their state. A task found
+// stopped is reaped on the way; a running one has its output re-attached
+// if this process is not copying it yet.
+func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, error) {
+	ctx = r.ctx(ctx)
+	filter := fmt.Sprintf("labels.%q", agent.LabelPodUID)
+	if podUID != "" {
+		filter = fmt.Sprintf("labels.%q==%q", agent.LabelPodUID, podUID)
+	}
+	cs, err := r.client.Containers(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]agent.Container, 0, len(cs))
+	for _, c := range cs {
+		info, err := c.Info(ctx, containerd.WithoutRefreshedMetadata)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
+		}
+		ac := agent.Container{ID: c.ID(), Labels: info.Labels, CreatedAt: info.CreatedAt, State: agent.StateCreated}
+		task, terr := c.Task(ctx, nil)
+		switch {
+		case terr == nil:
+			st, err := task.Status(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
+			}
+			switch st.Status {
+			case containerd.Running, containerd.Paused, containerd.Pausing:
+				ac.State = agent.StateRunning
+				r.reattach(ctx, c, info.Labels)
+			case containerd.Stopped:
+				if err := r.reap(ctx, c, task); err != nil {
+					return nil, err
+				}
+				info, _ = c.Info(ctx)
+				ac.Labels = info.Labels
+				ac.State = agent.StateExited
+			}
+		case errdefs.IsNotFound(terr):
+			if ac.Labels[agent.LabelStartedAt] != "" || ac.Labels[labelFinishedAt] != "" {
+				ac.State = agent.StateExited
+			}
+		default:
+			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), terr)
+		}
+		fillTimes(&ac)
+		out = append(out, ac)
+	}
+	return out, nil
+}
+
+func fillTimes(c *agent.Container) {
+	l := c.Labels
+	c.StartedAt, _ = time.Parse(time.RFC3339Nano, l[agent.LabelStartedAt])
+	c.FinishedAt, _ = time.Parse(time.RFC3339Nano, l[labelFinishedAt])
+	c.Reason = l[labelReason]
+	if c.State != agent.StateExited {
+		return
+	}
+	if v, ok := l[labelExitCode]; ok {
+		n, _ := strconv.Atoi(v)
+		c.ExitCode = int32(n)
+	} else {
+		// The task vanished without an exit status: a reboot or a
+		// containerd state wipe. kubelet reports such containers as
+		// exited with code 255 and reason Unknown.
+		c.ExitCode, c.Reason = 255, "Unknown"
+	}
+}
+
+// Exec runs cmd in the container and returns its exit code and output.
+func (r *Runtime) Exec(ctx context.Context, id string, cmd []string) (int, []byte, error) {
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return 0, nil, fmt.Errorf("exec in %s: %w", id, notFound(err))
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return 0, nil, fmt.Errorf("exec in %s: %w", id, notFound(err))
+	}
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	proc := *spec.Process
+	proc.Args, proc.Terminal = cmd, false
+	buf := &limitedBuffer{max: 64 << 10}
+	execID := fmt.Sprintf("exec-%d", r.deps.Clock.Now().UnixNano())
+	p, err := task.Exec(ctx, execID, &proc, cio.NewCreator(cio.WithFIFODir(r.cfg.FIFODir), cio.WithStreams(nil, buf, buf)))
+	if err != nil {
+		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	defer p.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+	exitc, err := p.Wait(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	if err := p.Start(ctx); err != nil {
+		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	select {
+	case st := <-exitc:
+		p.IO().Wait()
+		return int(st.ExitCode()), buf.Bytes(), nil
+	case <-ctx.Done():
+		p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		return 0, buf.Bytes(), fmt.Errorf("exec in %s: %w", id, ctx.Err())
+	}
+}
+
+// Exits streams the IDs of containers whose task exited, re-subscribing
+// with backoff when containerd goes away.
+func (r *Runtime) Exits(ctx context.Context) <-chan string {
+	out := make(chan string, 64)
+	go func() {
+		defer close(out)
+		backoff := time.Second
+		for ctx.Err() == nil {
+			envs, errs := r.client.Subscribe(r.ctx(ctx), `topic=="/tasks/exit"`, `topic=="/tasks/oom"`)
+		recv:
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case err := <-errs:
+					if err != nil && ctx.Err() == nil {
+						r.deps.Log.Warn("containerd events lost; re-subscribing", "err", err)
+					}
+					break recv
+				case env := <-envs:
+					backoff = time.Second
+					id := r.eventContainer(env.Event)
+					if id == "" {
+						continue
+					}
+					select {
+					case out <- id:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+			t := r.deps.Clock.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C():
+			}
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}()
+	return out
+}
+
+func (r *Runtime) eventContainer(ev typeurl.Any) string {
+	if ev == nil {
+		return ""
+	}
+	v, err := typeurl.UnmarshalAny(ev)
+	if err != nil {
+		return ""
+	}
+	switch e := v.(type) {
+	case *eventstypes.TaskExit:
+		if e.ID != e.ContainerID && e.ID != "" {
+			return "" // an exec process, not the container
+		}
+		return e.ContainerID
+	case *eventstypes.TaskOOM:
+		r.mu.Lock()
+		r.oom[e.ContainerID] = true
+		r.mu.Unlock()
+	}
+	return ""
+}
+
+// ImportFile imports an OCI or docker-archive tarball and unpacks its
+// images, returning their names.
+func (r *Runtime) ImportFile(ctx context.Context, path string) ([]string, error) {
+	ctx = r.ctx(ctx)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", path, err)
+	}
+	defer f.Close()
+	imgs, err := r.client.Import(ctx, f, containerd.WithAllPlatforms(false))
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", path, err)
+	}
+	var names []string
+	for _, i := range imgs {
+		img := containerd.NewImage(r.client, i)
+		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
+			return names, fmt.Errorf("import %s: unpack %s: %w", filepath.Base(path), i.Name, err)
+		}
+		names = append(names, i.Name)
+	}
+	return names, nil
+}
+
+func notFound(err error) error {
+	if errdefs.IsNotFound(err) {
+		return fmt.Errorf("%w: %v", agent.ErrNotFound, err)
+	}
+	return err
+}
+
+type lockedStream struct {
+	mu sync.Mutex
+	s  interface {
+		Write([]byte) (int, error)
+		Close() error
+	}
+}
+
+func (l *lockedStream) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.s.Write(p)
+}
+
+func (l *lockedStream) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.s.Close()
+}
+
+type limitedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - b.buf.Len(); room < len(p) {
+		b.buf.Write(p[:max(room, 0)])
+		return len(p), nil
+	}
+	return b.buf.Write(p)
+}
+
+func (b *limitedBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.buf.Bytes()...)
+}

@@ -1,0 +1,235 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// PodNetwork gives pods their network namespace and address; cmd wires
+// netproxy/podnet to it. Setup is idempotent: after an agent restart it
+// returns what an earlier call made.
+type PodNetwork interface {
+	Setup(ctx context.Context, podUID string) (netnsPath string, ip netip.Addr, err error)
+	Teardown(ctx context.Context, podUID string) error
+}
+
+// PodConfig is what the pod manager needs to know of the node.
+type PodConfig struct {
+	NodeName      string
+	HostIP        string
+	ClusterDNS    string
+	ClusterDomain string
+	// PodsDir holds per-pod files (etc files, volumes), LogDir the CRI
+	// logs (/var/log/pods).
+	PodsDir, LogDir string
+	// MemoryCapacity is the node's memory in bytes, for oom_score_adj.
+	MemoryCapacity int64
+}
+
+// PodDeps are the pod manager's collaborators; Runtime, Store, Clock and
+// Log are required.
+type PodDeps struct {
+	Runtime Runtime
+	Network PodNetwork // nil: every pod uses the host network
+	// Env builds a container's environment; nil uses literal values only.
+	Env func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error)
+	// Volumes returns a container's volume mounts, preparing the pod's
+	// volumes; TeardownVolumes removes them. nil: pods with volumes fail.
+	Volumes         func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error)
+	TeardownVolumes func(podUID string) error
+	Rand            func(n int64) int64
+}
+
+// podManager runs one worker per desired pod and routes events to them.
+type podManager struct {
+	cfg             PodConfig
+	store           *store.Store
+	rt              Runtime
+	net             PodNetwork
+	clock           clock.Clock
+	log             *slog.Logger
+	env             func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error)
+	volumes         func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error)
+	teardownVolumes func(podUID string) error
+	rand            func(int64) int64
+	events          *eventLog
+	started         time.Time
+
+	mu      sync.Mutex
+	workers map[string]*worker
+	wg      sync.WaitGroup
+}
+
+func newPodManager(cfg PodConfig, deps PodDeps, st *store.Store, clk clock.Clock, log *slog.Logger) *podManager {
+	m := &podManager{
+		cfg: cfg, store: st, rt: deps.Runtime, net: deps.Network, clock: clk, log: log,
+		env: deps.Env, volumes: deps.Volumes, teardownVolumes: deps.TeardownVolumes, rand: deps.Rand,
+		events: newEventLog(clk, 20), workers: map[string]*worker{},
+	}
+	if m.env == nil {
+		m.env = literalEnv
+	}
+	if m.rand == nil {
+		m.rand = func(n int64) int64 { return rand.Int64N(n) }
+	}
+	return m
+}
+
+// literalEnv is the environment from value fields only.
+func literalEnv(_ *corev1.Pod, c *corev1.Container, _ string) ([]string, error) {
+	var env []string
+	for _, e := range c.Env {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	return env, nil
+}
+
+func (m *podManager) podDir(uid string) string { return filepath.Join(m.cfg.PodsDir, uid) }
+
+func (m *podManager) logDir(p *corev1.Pod) string {
+	return filepath.Join(m.cfg.LogDir, p.Namespace+"_"+p.Name+"_"+string(p.UID))
+}
+
+// restarted reports whether a container was already running when this
+// agent started, so its probes start with jitter.
+func (m *podManager) restarted(c Container) bool {
+	return !c.StartedAt.IsZero() && c.StartedAt.Before(m.started)
+}
+
+// run keeps a worker per desired pod until ctx ends, then waits for them.
+func (m *podManager) run(ctx context.Context) {
+	m.started = m.clock.Now()
+	changes, cancel := m.store.Subscribe(store.KindPod, store.KindConfigMap, store.KindSecret)
+	defer cancel()
+	exits := m.rt.Exits(ctx)
+	m.syncDesired(ctx, true)
+	for {
+		select {
+		case <-ctx.Done():
+			m.wg.Wait()
+			return
+		case <-changes:
+			m.syncDesired(ctx, false)
+		case id, ok := <-exits:
+			if !ok {
+				exits = nil
+				continue
+			}
+			m.wakeByContainer(id)
+		}
+	}
+}
+
+// syncDesired hands every worker its newest pod, starts workers for new
+// pods and tells workers of removed pods to clean up. At start it also
+// finds containers of pods the store no longer has.
+func (m *podManager) syncDesired(ctx context.Context, first bool) {
+	recs, err := m.store.Pods().List()
+	if err != nil {
+		m.log.Error("read desired pods", "err", err)
+	}
+	desired := map[string]*corev1.Pod{}
+	for _, r := range recs {
+		desired[string(r.Object.UID)] = r.Object
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uid, p := range desired {
+		if w, ok := m.workers[uid]; ok {
+			w.mu.Lock()
+			same := reflect.DeepEqual(w.desired, p)
+			w.mu.Unlock()
+			if !same {
+				w.update(p)
+			} else {
+				w.poke() // a config map or secret may have changed
+			}
+			continue
+		}
+		m.startWorker(ctx, p)
+	}
+	for uid, w := range m.workers {
+		if _, ok := desired[uid]; !ok {
+			w.update(nil)
+		}
+	}
+	if !first {
+		return
+	}
+	cs, err := m.rt.List(ctx, "")
+	if err != nil {
+		m.log.Warn("list containers for orphans", "err", err)
+		return
+	}
+	for _, c := range cs {
+		uid := c.Labels[LabelPodUID]
+		if _, ok := m.workers[uid]; ok || uid == "" {
+			continue
+		}
+		orphan := &corev1.Pod{}
+		orphan.UID = types.UID(uid)
+		orphan.Namespace, orphan.Name = c.Labels[LabelPodNamespace], c.Labels[LabelPodName]
+		w := m.startWorker(ctx, orphan)
+		w.update(nil)
+	}
+}
+
+func (m *podManager) startWorker(ctx context.Context, p *corev1.Pod) *worker {
+	w := newWorker(m, p)
+	m.workers[w.uid] = w
+	m.wg.Go(func() {
+		w.run(ctx)
+		m.mu.Lock()
+		if m.workers[w.uid] == w {
+			delete(m.workers, w.uid)
+		}
+		m.mu.Unlock()
+	})
+	return w
+}
+
+func (m *podManager) wakeByContainer(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uid, w := range m.workers {
+		if len(id) > 12 && id[:12] == uidPrefix(uid) {
+			w.poke()
+		}
+	}
+}
+
+// PodView is one pod as the agent last saw it.
+type PodView struct {
+	Pod    *corev1.Pod
+	Status corev1.PodStatus
+	State  Lifecycle
+	Events []Event
+}
+
+// views returns the workers' current pods and statuses.
+func (m *podManager) views() map[string]PodView {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]PodView, len(m.workers))
+	for uid, w := range m.workers {
+		w.mu.Lock()
+		if w.desired != nil {
+			out[uid] = PodView{Pod: w.desired, Status: *w.status.DeepCopy(), State: w.state, Events: m.events.list(uid)}
+		}
+		w.mu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,224 @@
+package agent
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// JournalKey is the journal key of a pod's status.
+func JournalKey(namespace, name string) string { return "pod/" + namespace + "/" + name }
+
+// report computes the pod's status like kubelet and, when it changed,
+// writes it to the journal. Only transitions reach the disk.
+func (w *worker) report(pod *corev1.Pod, byName map[string]attempts) {
+	st := w.computeStatus(pod, byName)
+	w.mu.Lock()
+	w.status = st
+	w.mu.Unlock()
+	entry := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}, Status: st}
+	data, err := entry.Marshal()
+	if err != nil {
+		w.log.Error("encode pod status", "err", err)
+		return
+	}
+	if bytes.Equal(data, w.lastSent) {
+		return
+	}
+	if _, err := w.m.store.Append(JournalKey(pod.Namespace, pod.Name), data); err != nil {
+		w.log.Warn("journal pod status", "err", err)
+		return
+	}
+	w.lastSent = data
+}
+
+func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) corev1.PodStatus {
+	st := corev1.PodStatus{QOSClass: QoSClass(pod), HostIP: w.m.cfg.HostIP}
+	if w.m.cfg.HostIP != "" {
+		st.HostIPs = []corev1.HostIP{{IP: w.m.cfg.HostIP}}
+	}
+	if !w.startTime.IsZero() {
+		t := w.startTime
+		st.StartTime = &t
+	}
+	if ip := w.podIP(); ip != "" && w.ready {
+		st.PodIP = ip
+		st.PodIPs = []corev1.PodIP{{IP: ip}}
+	}
+	initDone := true
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		cs := w.containerStatus(pod, c, byName[c.Name])
+		st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
+		if cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 0 {
+			initDone = false
+		}
+	}
+	allReady, running, succeeded, failed := true, 0, 0, 0
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		cs := w.containerStatus(pod, c, byName[c.Name])
+		if !initDone && cs.State.Waiting != nil && cs.State.Waiting.Reason == "ContainerCreating" {
+			cs.State.Waiting.Reason = "PodInitializing"
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, cs)
+		if !cs.Ready {
+			allReady = false
+		}
+		switch {
+		case cs.State.Running != nil:
+			running++
+		case cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 0:
+			succeeded++
+		case cs.State.Terminated != nil:
+			failed++
+		}
+	}
+	switch w.getState() {
+	case LifecycleSucceeded:
+		st.Phase = corev1.PodSucceeded
+	case LifecycleFailed:
+		st.Phase = corev1.PodFailed
+	default:
+		if running > 0 || (initDone && succeeded+failed > 0 && len(pod.Spec.Containers) > 0 && running+succeeded+failed == len(pod.Spec.Containers)) {
+			st.Phase = corev1.PodRunning
+		} else {
+			st.Phase = corev1.PodPending
+		}
+	}
+	now := metav1.NewTime(w.m.clock.Now().Truncate(1e9))
+	cond := func(t corev1.PodConditionType, ok bool, reason string) {
+		c := corev1.PodCondition{Type: t, Status: corev1.ConditionFalse, Reason: reason}
+		if ok {
+			c.Status, c.Reason = corev1.ConditionTrue, ""
+		}
+		c.LastTransitionTime = w.transitionTime(t, c.Status, now)
+		st.Conditions = append(st.Conditions, c)
+	}
+	ready := allReady && initDone && st.Phase == corev1.PodRunning
+	cond(corev1.PodReadyToStartContainers, w.ready, "")
+	cond(corev1.PodInitialized, initDone, "ContainersNotInitialized")
+	cond(corev1.ContainersReady, ready, "ContainersNotReady")
+	cond(corev1.PodReady, ready, "ContainersNotReady")
+	cond(corev1.PodScheduled, true, "")
+	return st
+}
+
+// transitionTime keeps a condition's last transition time while its
+// status stays the same.
+func (w *worker) transitionTime(t corev1.PodConditionType, s corev1.ConditionStatus, now metav1.Time) metav1.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.status.Conditions {
+		if c.Type == t && c.Status == s {
+			return c.LastTransitionTime
+		}
+	}
+	return now
+}
+
+func (w *worker) containerStatus(pod *corev1.Pod, c *corev1.Container, a attempts) corev1.ContainerStatus {
+	cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image}
+	if wt, ok := w.waiting[c.Name]; ok && (len(a) == 0 || a[0].State != StateRunning) {
+		wt := wt
+		cs.State.Waiting = &wt
+	}
+	if len(a) == 0 {
+		if cs.State.Waiting == nil {
+			cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}
+		}
+		if st, ok, _ := w.m.store.Restart(w.uid, c.Name); ok {
+			cs.RestartCount = st.Count
+		}
+		return cs
+	}
+	latest := a[0]
+	cs.RestartCount = int32(attemptOf(latest))
+	cs.ContainerID = "containerd://" + latest.ID
+	cs.ImageID = latest.Labels[LabelImageRef]
+	switch latest.State {
+	case StateRunning:
+		cs.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(latest.StartedAt)}
+		ready, started := true, true
+		if ps := w.probes[latest.ID]; ps != nil {
+			ready, started = ps.snapshot()
+		} else {
+			ready, started = c.ReadinessProbe == nil, c.StartupProbe == nil
+		}
+		cs.Ready, cs.Started = ready, &started
+	case StateExited:
+		term := w.terminated(pod, c, latest)
+		if cs.State.Waiting == nil {
+			cs.State.Terminated = term
+		} else {
+			cs.LastTerminationState.Terminated = term
+		}
+		f := false
+		cs.Started = &f
+	case StateCreated:
+		if cs.State.Waiting == nil {
+			cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}
+		}
+	}
+	if len(a) > 1 && a[1].State == StateExited && cs.LastTerminationState.Terminated == nil {
+		cs.LastTerminationState.Terminated = w.terminated(pod, c, a[1])
+	}
+	return cs
+}
+
+func (w *worker) terminated(pod *corev1.Pod, c *corev1.Container, ct Container) *corev1.ContainerStateTerminated {
+	t := &corev1.ContainerStateTerminated{
+		ExitCode: ct.ExitCode, StartedAt: metav1.NewTime(ct.StartedAt), FinishedAt: metav1.NewTime(ct.FinishedAt),
+		ContainerID: "containerd://" + ct.ID, Reason: ct.Reason,
+	}
+	if t.Reason == "" {
+		t.Reason = "Completed"
+		if ct.ExitCode != 0 {
+			t.Reason = "Error"
+		}
+	}
+	t.Message = w.terminationMessage(pod, c, ct)
+	return t
+}
+
+// terminationMessage reads the container's termination message file, or
+// with FallbackToLogsOnError the tail of its log when it failed.
+func (w *worker) terminationMessage(pod *corev1.Pod, c *corev1.Container, ct Container) string {
+	const maxMsg = 4096
+	if b, err := os.ReadFile(filepath.Join(w.m.podDir(w.uid), "containers", c.Name, "termination-log")); err == nil && len(b) > 0 {
+		if len(b) > maxMsg {
+			b = b[:maxMsg]
+		}
+		return string(b)
+	}
+	if c.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError && ct.ExitCode != 0 {
+		b, err := os.ReadFile(ct.Labels[LabelLogPath])
+		if err != nil {
+			return ""
+		}
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if len(lines) > 80 {
+			lines = lines[len(lines)-80:]
+		}
+		var out []string
+		for _, l := range lines {
+			if _, rest, ok := strings.Cut(l, " "); ok {
+				if _, rest, ok = strings.Cut(rest, " "); ok {
+					if _, rest, ok = strings.Cut(rest, " "); ok {
+						out = append(out, rest)
+					}
+				}
+			}
+		}
+		msg := strings.Join(out, "\n")
+		if len(msg) > maxMsg {
+			msg = msg[len(msg)-maxMsg:]
+		}
+		return msg
+	}
+	return ""
+}

@@ -1,0 +1,755 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/outpost-edge/outpost/agent/prober"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// Lifecycle is where a pod is in its life on this node. The pod worker is
+// its one owner.
+type Lifecycle int
+
+// Pod lifecycle states.
+const (
+	LifecyclePending     Lifecycle = iota // sandbox, images, init containers
+	LifecycleRunning                      // regular containers started
+	LifecycleSucceeded                    // every container exited 0, none restarts
+	LifecycleFailed                       // a container failed and none restarts
+	LifecycleTerminating                  // stopping its containers
+	LifecycleRemoved                      // gone; the worker has exited
+)
+
+func (l Lifecycle) String() string {
+	return [...]string{"Pending", "Running", "Succeeded", "Failed", "Terminating", "Removed"}[l]
+}
+
+// Backoff bounds, as kubelet's CrashLoopBackOff.
+const (
+	backoffInitial = 10 * time.Second
+	backoffMax     = 5 * time.Minute
+	backoffReset   = 10 * time.Minute
+	// resync is how often a worker re-reads its containers with no event.
+	resync = 10 * time.Second
+)
+
+// worker owns one pod, by UID: one goroutine, woken by a buffered-1
+// channel; the newest desired pod wins.
+type worker struct {
+	uid  string
+	m    *podManager
+	wake chan struct{}
+
+	mu      sync.Mutex
+	desired *corev1.Pod // nil once the pod is gone from the store
+	status  corev1.PodStatus
+	state   Lifecycle
+
+	// Owned by the worker goroutine.
+	ip        netip.Addr
+	netns     string
+	ready     bool // sandbox set up
+	startTime metav1.Time
+	waiting   map[string]corev1.ContainerStateWaiting
+	probes    map[string]*probeSet // by container ID
+	lastSent  []byte
+	log       *slog.Logger
+}
+
+// probeSet is the probe workers of one running container.
+type probeSet struct {
+	cancel    context.CancelFunc
+	mu        sync.Mutex
+	ready     bool
+	started   bool
+	liveFail  bool
+	liveMsg   string
+	hasReady  bool
+	hasStart  bool
+	readyOnce bool
+}
+
+func newWorker(m *podManager, pod *corev1.Pod) *worker {
+	return &worker{
+		uid: string(pod.UID), m: m, wake: make(chan struct{}, 1), desired: pod,
+		waiting: map[string]corev1.ContainerStateWaiting{}, probes: map[string]*probeSet{},
+		log: m.log.With("pod", pod.Namespace+"/"+pod.Name, "uid", string(pod.UID)),
+	}
+}
+
+// update hands the worker a newer desired pod (nil: the pod is gone) and
+// wakes it.
+func (w *worker) update(pod *corev1.Pod) {
+	w.mu.Lock()
+	w.desired = pod
+	w.mu.Unlock()
+	w.poke()
+}
+
+func (w *worker) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run syncs the pod whenever it is woken, on backoff deadlines and every
+// resync, until the pod is removed or ctx ends.
+func (w *worker) run(ctx context.Context) {
+	timer := w.m.clock.NewTimer(0)
+	defer timer.Stop()
+	defer w.stopProbes("")
+	for {
+		next, done := w.sync(ctx)
+		if done {
+			return
+		}
+		if next <= 0 || next > resync {
+			next = resync
+		}
+		timer.Stop()
+		timer.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wake:
+		case <-timer.C():
+		}
+	}
+}
+
+// sync moves the pod one step towards its desired state and returns when
+// it wants to be woken next; done means the pod is removed.
+func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
+	w.mu.Lock()
+	pod := w.desired
+	w.mu.Unlock()
+	if pod == nil || pod.DeletionTimestamp != nil {
+		if err := w.terminate(ctx, pod); err != nil {
+			w.log.Warn("terminate pod", "err", err)
+			return time.Second, false
+		}
+		if pod == nil {
+			w.setState(LifecycleRemoved)
+			return 0, true
+		}
+		return resync, false
+	}
+	cs, err := w.m.rt.List(ctx, w.uid)
+	if err != nil {
+		w.log.Warn("list containers", "err", err)
+		return 2 * time.Second, false
+	}
+	byName := groupAttempts(cs)
+	if w.startTime.IsZero() {
+		w.startTime = metav1.NewTime(w.m.clock.Now().Truncate(time.Second))
+		for _, c := range cs {
+			if !c.CreatedAt.IsZero() && c.CreatedAt.Before(w.startTime.Time) {
+				w.startTime = metav1.NewTime(c.CreatedAt.Truncate(time.Second))
+			}
+		}
+	}
+	next = resync
+	if state := w.getState(); state == LifecycleSucceeded || state == LifecycleFailed {
+		w.report(pod, byName)
+		return resync, false
+	}
+	if err := w.ensureSandbox(ctx, pod); err != nil {
+		w.log.Warn("pod sandbox", "err", err)
+		w.report(pod, byName)
+		return 5 * time.Second, false
+	}
+	initDone, initFailed, n := w.syncInit(ctx, pod, byName)
+	next = minPositive(next, n)
+	if initFailed {
+		w.setState(LifecycleFailed)
+	} else if initDone {
+		n, terminal := w.syncContainers(ctx, pod, byName)
+		next = minPositive(next, n)
+		if terminal != 0 {
+			w.setState(terminal)
+		} else {
+			w.setState(LifecycleRunning)
+		}
+	}
+	// Re-read after the changes above so status shows them.
+	if cs, err := w.m.rt.List(ctx, w.uid); err == nil {
+		byName = groupAttempts(cs)
+		w.gc(ctx, byName)
+	}
+	w.report(pod, byName)
+	return next, false
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if b > 0 && b < a {
+		return b
+	}
+	return a
+}
+
+func (w *worker) setState(s Lifecycle) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != s {
+		w.log.Info("pod state", "from", w.state.String(), "to", s.String())
+		w.state = s
+	}
+}
+
+func (w *worker) getState() Lifecycle {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state
+}
+
+// attempts is a container's attempts, newest first.
+type attempts []Container
+
+func groupAttempts(cs []Container) map[string]attempts {
+	out := map[string]attempts{}
+	for _, c := range cs {
+		name := c.Labels[LabelContainer]
+		out[name] = append(out[name], c)
+	}
+	for _, a := range out {
+		sort.Slice(a, func(i, j int) bool { return attemptOf(a[i]) > attemptOf(a[j]) })
+	}
+	return out
+}
+
+func attemptOf(c Container) int {
+	n, _ := strconv.Atoi(c.Labels[LabelAttempt])
+	return n
+}
+
+func hostNetwork(p *corev1.Pod) bool { return p.Spec.HostNetwork }
+
+// ensureSandbox sets up the pod's network and directory once.
+func (w *worker) ensureSandbox(ctx context.Context, pod *corev1.Pod) error {
+	if w.ready {
+		return nil
+	}
+	if !hostNetwork(pod) && w.m.net != nil {
+		nsPath, ip, err := w.m.net.Setup(ctx, w.uid)
+		if err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		w.netns, w.ip = nsPath, ip
+	}
+	dir := w.m.podDir(w.uid)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	if err := writeEtcFiles(dir, pod, w.m.cfg, w.podIP()); err != nil {
+		return err
+	}
+	w.ready = true
+	return nil
+}
+
+func (w *worker) podIP() string {
+	if w.ip.IsValid() {
+		return w.ip.String()
+	}
+	return w.m.cfg.HostIP
+}
+
+// syncInit runs init containers in order. It reports whether all have
+// succeeded, whether the pod failed for good, and when to look again.
+func (w *worker) syncInit(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) (done, failed bool, next time.Duration) {
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		a := byName[c.Name]
+		if len(a) > 0 {
+			latest := a[0]
+			switch latest.State {
+			case StateRunning:
+				return false, false, 0
+			case StateExited:
+				if latest.ExitCode == 0 {
+					continue
+				}
+				if pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
+					return false, true, 0
+				}
+			}
+		}
+		n := w.startAttempt(ctx, pod, c, true, a)
+		return false, false, n
+	}
+	return true, false, 0
+}
+
+// syncContainers starts, restarts and probes the regular containers. It
+// returns when to look again and, when no container will run again,
+// LifecycleSucceeded or LifecycleFailed.
+func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) (time.Duration, Lifecycle) {
+	next := time.Duration(0)
+	allDone, anyFailed := true, false
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		a := byName[c.Name]
+		if len(a) > 0 && a[0].State == StateRunning {
+			allDone = false
+			w.ensureProbes(ctx, pod, c, a[0])
+			if ps := w.probeSet(a[0].ID); ps != nil && ps.liveFailed() {
+				w.log.Info("liveness probe failed; restarting container", "container", c.Name, "msg", ps.liveMsg)
+				w.stopContainer(ctx, pod, c, a[0])
+				w.m.events.record(pod, "Warning", "Unhealthy", "Liveness probe failed: "+ps.liveMsg)
+				next = time.Millisecond // restart decision right away
+			}
+			continue
+		}
+		if len(a) > 0 && a[0].State == StateExited {
+			w.stopProbes(a[0].ID)
+			if !shouldRestart(pod.Spec.RestartPolicy, a[0].ExitCode) {
+				if a[0].ExitCode != 0 {
+					anyFailed = true
+				}
+				continue
+			}
+		}
+		allDone = false
+		if n := w.startAttempt(ctx, pod, c, false, a); n > 0 && (next == 0 || n < next) {
+			next = n
+		}
+	}
+	if allDone {
+		if anyFailed {
+			return next, LifecycleFailed
+		}
+		return next, LifecycleSucceeded
+	}
+	return next, 0
+}
+
+func shouldRestart(policy corev1.RestartPolicy, exit int32) bool {
+	switch policy {
+	case corev1.RestartPolicyNever:
+		return false
+	case corev1.RestartPolicyOnFailure:
+		return exit != 0
+	}
+	return true
+}
+
+// startAttempt starts the container's next attempt: the created one if an
+// earlier start was cut short, else a new one after any crash-loop
+// backoff. It returns how long to wait when backing off.
+func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Container, isInit bool, a attempts) time.Duration {
+	attempt := 0
+	if len(a) > 0 {
+		latest := a[0]
+		if latest.State == StateCreated {
+			if err := w.m.rt.Start(ctx, latest.ID); err != nil {
+				w.setWaiting(c.Name, "RunContainerError", err.Error())
+				return 5 * time.Second
+			}
+			w.clearWaiting(c.Name)
+			return 0
+		}
+		attempt = attemptOf(latest) + 1
+		if wait := w.backoff(pod, c, latest); wait > 0 {
+			w.setWaiting(c.Name, "CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)",
+				w.backoffStep(c.Name), c.Name, pod.Name, pod.Namespace, pod.UID))
+			return wait
+		}
+	} else if st, ok, _ := w.m.store.Restart(w.uid, c.Name); ok {
+		attempt = int(st.Count) // containers gone (a reboot): keep counting
+	}
+	img, err := w.m.rt.EnsureImage(ctx, c.Image, c.ImagePullPolicy)
+	if err != nil {
+		reason := "ErrImagePull"
+		if errors.Is(err, ErrImageNeverPull) {
+			reason = "ErrImageNeverPull"
+		}
+		w.setWaiting(c.Name, reason, err.Error())
+		w.m.events.record(pod, "Warning", "Failed", err.Error())
+		return w.pullBackoff(c.Name)
+	}
+	spec, err := w.containerSpec(ctx, pod, c, isInit, attempt, img)
+	if err != nil {
+		w.setWaiting(c.Name, "CreateContainerConfigError", err.Error())
+		return 10 * time.Second
+	}
+	if err := w.m.rt.Create(ctx, spec); err != nil && !errors.Is(err, ErrExists) {
+		w.setWaiting(c.Name, "CreateContainerError", err.Error())
+		return 5 * time.Second
+	}
+	if err := w.m.rt.Start(ctx, spec.ID); err != nil {
+		w.setWaiting(c.Name, "RunContainerError", err.Error())
+		return 5 * time.Second
+	}
+	w.clearWaiting(c.Name)
+	w.log.Info("container started", "container", c.Name, "attempt", attempt, "id", spec.ID)
+	w.m.events.record(pod, "Normal", "Started", "Started container "+c.Name)
+	return 0
+}
+
+// backoff returns how long the container must still wait before its next
+// attempt, persisting the crash-loop state so it survives agent restarts:
+// 10 s doubling to 5 min, reset after 10 min of running.
+func (w *worker) backoff(pod *corev1.Pod, c *corev1.Container, latest Container) time.Duration {
+	st, _, _ := w.m.store.Restart(w.uid, c.Name)
+	finished := latest.FinishedAt
+	if finished.IsZero() {
+		finished = w.m.clock.Now()
+	}
+	// The state for this exit is computed once and stored.
+	if st.LastFinished.Equal(finished) && st.Count == int32(attemptOf(latest)+1) {
+		return max(st.BackoffUntil.Sub(w.m.clock.Now()), 0)
+	}
+	step := time.Duration(st.Backoff)
+	ran := finished.Sub(latest.StartedAt)
+	switch {
+	case step == 0 || (!latest.StartedAt.IsZero() && ran >= backoffReset):
+		step = backoffInitial
+	default:
+		step = min(2*step, backoffMax)
+	}
+	if attemptOf(latest) == 0 && st.Backoff == 0 {
+		step = backoffInitial
+	}
+	st = store.RestartState{
+		Count: int32(attemptOf(latest) + 1), LastExitCode: latest.ExitCode, LastFinished: finished,
+		BackoffUntil: finished.Add(step), Backoff: int64(step),
+	}
+	if err := w.m.store.PutRestart(w.uid, c.Name, st); err != nil {
+		w.log.Warn("record restart state", "container", c.Name, "err", err)
+	}
+	if step > backoffInitial || attemptOf(latest) > 0 {
+		w.m.events.record(pod, "Warning", "BackOff", "Back-off restarting failed container "+c.Name)
+	}
+	return max(st.BackoffUntil.Sub(w.m.clock.Now()), 0)
+}
+
+func (w *worker) backoffStep(name string) time.Duration {
+	st, _, _ := w.m.store.Restart(w.uid, name)
+	return time.Duration(st.Backoff)
+}
+
+// pullBackoff is the wait before the next pull of a failed image.
+func (w *worker) pullBackoff(name string) time.Duration {
+	wt := w.waiting[name]
+	if wt.Reason == "ErrImagePull" {
+		w.waiting[name] = corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: wt.Message}
+	}
+	return backoffInitial
+}
+
+func (w *worker) setWaiting(name, reason, msg string) {
+	if cur := w.waiting[name]; cur.Reason != reason {
+		w.log.Info("container waiting", "container", name, "reason", reason, "msg", msg)
+	}
+	w.waiting[name] = corev1.ContainerStateWaiting{Reason: reason, Message: msg}
+}
+
+func (w *worker) clearWaiting(name string) { delete(w.waiting, name) }
+
+// containerSpec builds the runtime spec of one attempt.
+func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.Container, isInit bool, attempt int, img Image) (ContainerSpec, error) {
+	env, err := w.m.env(pod, c, w.podIP())
+	if err != nil {
+		return ContainerSpec{}, err
+	}
+	sec := security(pod, c)
+	if err := checkNonRoot(pod, c, sec, img); err != nil {
+		return ContainerSpec{}, err
+	}
+	mounts, err := w.mounts(ctx, pod, c)
+	if err != nil {
+		return ContainerSpec{}, err
+	}
+	vars := envMap(env)
+	args := processArgs(c, img)
+	for i := range args {
+		args[i] = expand(args[i], vars)
+	}
+	id := containerID(w.uid, c.Name, attempt)
+	hostname := pod.Name
+	if pod.Spec.Hostname != "" {
+		hostname = pod.Spec.Hostname
+	}
+	if hostNetwork(pod) {
+		hostname = ""
+	}
+	return ContainerSpec{
+		ID: id,
+		Labels: map[string]string{
+			LabelPodUID: w.uid, LabelPodNamespace: pod.Namespace, LabelPodName: pod.Name,
+			LabelContainer: c.Name, LabelAttempt: strconv.Itoa(attempt), LabelInit: strconv.FormatBool(isInit),
+		},
+		Image: img, Args: args, Env: env, WorkingDir: c.WorkingDir, Hostname: hostname,
+		Mounts: mounts, NetNSPath: w.netns,
+		LogPath:      filepath.Join(w.m.logDir(pod), c.Name, strconv.Itoa(attempt)+".log"),
+		CgroupParent: "/outpost/pod" + w.uid,
+		Resources:    resources(pod, c, QoSClass(pod), w.m.cfg.MemoryCapacity),
+		Security:     sec,
+		TTY:          c.TTY, Stdin: c.Stdin,
+	}, nil
+}
+
+// mounts are the container's volume mounts plus the files every container
+// gets: /etc/hosts, /etc/resolv.conf, /etc/hostname and its termination
+// message file.
+func (w *worker) mounts(ctx context.Context, pod *corev1.Pod, c *corev1.Container) ([]specs.Mount, error) {
+	var out []specs.Mount
+	if w.m.volumes != nil {
+		m, err := w.m.volumes(ctx, pod, c, w.podIP())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m...)
+	} else if len(c.VolumeMounts) > 0 {
+		return nil, fmt.Errorf("container %s: volumes are not supported by this agent", c.Name)
+	}
+	dir := w.m.podDir(w.uid)
+	bind := func(src, dst string, ro bool) {
+		opts := []string{"rbind", "rprivate"}
+		if ro {
+			opts = append(opts, "ro")
+		}
+		out = append(out, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: opts})
+	}
+	if !hostNetwork(pod) {
+		bind(filepath.Join(dir, "etc-hosts"), "/etc/hosts", false)
+		bind(filepath.Join(dir, "etc-hostname"), "/etc/hostname", false)
+	} else {
+		bind("/etc/hosts", "/etc/hosts", true)
+	}
+	bind(filepath.Join(dir, "resolv.conf"), "/etc/resolv.conf", false)
+	if c.TerminationMessagePath != "" {
+		tdir := filepath.Join(dir, "containers", c.Name)
+		if err := os.MkdirAll(tdir, 0o750); err != nil {
+			return nil, err
+		}
+		f := filepath.Join(tdir, "termination-log")
+		if err := os.WriteFile(f, nil, 0o666); err != nil {
+			return nil, err
+		}
+		bind(f, c.TerminationMessagePath, false)
+	}
+	return out, nil
+}
+
+// stopContainer runs the preStop hook (exec) and stops the container with
+// the pod's grace period.
+func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, running Container) {
+	grace := 30 * time.Second
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	if pod.DeletionGracePeriodSeconds != nil {
+		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	}
+	start := w.m.clock.Now()
+	if c != nil && c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Exec != nil {
+		hctx, cancel := context.WithTimeout(ctx, grace)
+		code, out, err := w.m.rt.Exec(hctx, running.ID, c.Lifecycle.PreStop.Exec.Command)
+		cancel()
+		if err != nil || code != 0 {
+			w.log.Warn("preStop hook failed", "container", c.Name, "exit", code, "output", string(out), "err", err)
+		}
+		grace = max(grace-w.m.clock.Since(start), 2*time.Second)
+	}
+	if c != nil {
+		w.m.events.record(pod, "Normal", "Killing", "Stopping container "+c.Name)
+	}
+	if err := w.m.rt.Stop(ctx, running.ID, grace); err != nil {
+		w.log.Warn("stop container", "id", running.ID, "err", err)
+	}
+	w.stopProbes(running.ID)
+}
+
+// terminate stops every container of the pod and, when the pod is gone
+// (pod == nil), removes its containers, network and files.
+func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
+	w.setState(LifecycleTerminating)
+	cs, err := w.m.rt.List(ctx, w.uid)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		if c.State != StateRunning {
+			continue
+		}
+		var spec *corev1.Container
+		if pod != nil {
+			spec = findContainer(pod, c.Labels[LabelContainer])
+		}
+		wg.Go(func() {
+			p := pod
+			if p == nil {
+				p = &corev1.Pod{}
+			}
+			w.stopContainer(ctx, p, spec, c)
+		})
+	}
+	wg.Wait()
+	if pod != nil {
+		w.report(pod, groupAttempts(cs))
+		return nil
+	}
+	var errs []error
+	for _, c := range cs {
+		if err := w.m.rt.Remove(ctx, c.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if w.m.net != nil {
+		if err := w.m.net.Teardown(ctx, w.uid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if w.m.teardownVolumes != nil {
+		if err := w.m.teardownVolumes(w.uid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		os.RemoveAll(w.m.podDir(w.uid))
+		w.m.store.DeleteRestarts(w.uid)
+		w.log.Info("pod removed")
+	}
+	return errors.Join(errs...)
+}
+
+func findContainer(pod *corev1.Pod, name string) *corev1.Container {
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == name {
+			return &pod.Spec.Containers[i]
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		if pod.Spec.InitContainers[i].Name == name {
+			return &pod.Spec.InitContainers[i]
+		}
+	}
+	return nil
+}
+
+// gc removes exited attempts older than the newest of each container; the
+// newest dead one stays for `logs --previous`.
+func (w *worker) gc(ctx context.Context, byName map[string]attempts) {
+	for _, a := range byName {
+		kept := 0
+		for _, c := range a {
+			if c.State != StateExited {
+				continue
+			}
+			if kept < 1 {
+				kept++
+				continue
+			}
+			if err := w.m.rt.Remove(ctx, c.ID); err != nil {
+				w.log.Debug("gc container", "id", c.ID, "err", err)
+			}
+		}
+	}
+}
+
+// ensureProbes starts the probe workers of a running container once.
+func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Container, running Container) {
+	if _, ok := w.probes[running.ID]; ok {
+		return
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	ps := &probeSet{cancel: cancel, ready: c.ReadinessProbe == nil, started: c.StartupProbe == nil,
+		hasReady: c.ReadinessProbe != nil, hasStart: c.StartupProbe != nil}
+	w.probes[running.ID] = ps
+	target := prober.Target{
+		Host:  w.podIP(),
+		Ports: c.Ports,
+		Exec: func(ctx context.Context, cmd []string) (int, []byte, error) {
+			return w.m.rt.Exec(ctx, running.ID, cmd)
+		},
+	}
+	start := func(kind prober.Kind, p *corev1.Probe, on func(prober.Result, string)) {
+		pw, err := prober.NewWorker(prober.WorkerConfig{Kind: kind, Probe: p, Target: target, Started: running.StartedAt, Jitter: w.m.restarted(running)},
+			prober.Deps{Clock: w.m.clock, Rand: w.m.rand, OnChange: on})
+		if err != nil {
+			w.log.Warn("bad probe", "container", c.Name, "err", err)
+			return
+		}
+		go pw.Run(pctx)
+	}
+	startLiveReady := func() {
+		if c.LivenessProbe != nil {
+			start(prober.Liveness, c.LivenessProbe, func(r prober.Result, msg string) {
+				ps.mu.Lock()
+				ps.liveFail, ps.liveMsg = r == prober.Failure, msg
+				ps.mu.Unlock()
+				w.poke()
+			})
+		}
+		if c.ReadinessProbe != nil {
+			start(prober.Readiness, c.ReadinessProbe, func(r prober.Result, msg string) {
+				ps.mu.Lock()
+				ps.ready = r == prober.Success
+				ps.mu.Unlock()
+				if r == prober.Failure {
+					w.m.events.record(pod, "Warning", "Unhealthy", "Readiness probe failed: "+msg)
+				}
+				w.poke()
+			})
+		}
+	}
+	if c.StartupProbe != nil {
+		start(prober.Startup, c.StartupProbe, func(r prober.Result, msg string) {
+			ps.mu.Lock()
+			ps.started = r == prober.Success
+			if r == prober.Failure {
+				ps.liveFail, ps.liveMsg = true, "startup probe failed: "+msg
+			}
+			ps.mu.Unlock()
+			if r == prober.Success {
+				startLiveReady()
+			}
+			w.poke()
+		})
+		return
+	}
+	startLiveReady()
+}
+
+func (w *worker) probeSet(id string) *probeSet { return w.probes[id] }
+
+func (ps *probeSet) liveFailed() bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.liveFail
+}
+
+func (ps *probeSet) snapshot() (ready, started bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.ready, ps.started
+}
+
+// stopProbes cancels the probes of container id, or of every container
+// when id is "".
+func (w *worker) stopProbes(id string) {
+	for cid, ps := range w.probes {
+		if id == "" || cid == id {
+			ps.cancel()
+			delete(w.probes, cid)
+		}
+	}
+}
