@@ -148,9 +148,11 @@ func listenUnix(path string) (net.Listener, error) {
 }
 
 // SyncManifests reads the manifest directory once and makes the store's
-// static pods and services match it. A file that cannot be read or parsed
-// keeps what the store already holds from it, so a typo never stops a
-// running pod; a deleted file removes its objects.
+// static pods, services, config maps and secrets match it. A file that
+// cannot be read or parsed keeps what the store already holds from it, so
+// a typo never stops a running pod; a deleted file removes its objects.
+// Config maps and secrets are recorded before pods, so a new pod finds
+// the ones that came with it. A kind that fails does not stop the others.
 func (a *Agent) SyncManifests() error {
 	// Re-parse only when a manifest file changed: the directory is looked
 	// at every second, so an edit shows within 2 s at almost no cost.
@@ -174,44 +176,53 @@ func (a *Agent) SyncManifests() error {
 	a.noteManifestErrors(msgs)
 
 	st := a.deps.Store
-	pods := m.Pods
-	if len(badFiles) > 0 {
-		kept, err := keepFromFiles(st.Pods().List, badFiles, pods)
-		if err != nil {
-			return err
-		}
-		pods = kept
-	}
-	svcs := m.Services
-	if len(badFiles) > 0 {
-		kept, err := keepFromFiles(st.Services().List, badFiles, svcs)
-		if err != nil {
-			return err
-		}
-		svcs = kept
-	}
 	var errs []error
-	n, err := st.Pods().Replace(store.SourceStatic, pods)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	n, total, err := replaceStatic(st.ConfigMaps(), badFiles, m.ConfigMaps)
+	errs = append(errs, err)
 	if n > 0 {
-		a.deps.Log.Info("static pods recorded", "changed", n, "pods", len(pods))
+		a.deps.Log.Info("static config maps recorded", "changed", n, "configMaps", total)
 	}
-	n, err = st.Services().Replace(store.SourceStatic, svcs)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	n, total, err = replaceStatic(st.Secrets(), badFiles, m.Secrets)
+	errs = append(errs, err)
 	if n > 0 {
-		a.deps.Log.Info("static services recorded", "changed", n, "services", len(svcs))
+		a.deps.Log.Info("static secrets recorded", "changed", n, "secrets", total)
 	}
+	n, total, err = replaceStatic(st.Pods(), badFiles, m.Pods)
+	errs = append(errs, err)
+	if n > 0 {
+		a.deps.Log.Info("static pods recorded", "changed", n, "pods", total)
+	}
+	n, total, err = replaceStatic(st.Services(), badFiles, m.Services)
+	errs = append(errs, err)
+	if n > 0 {
+		a.deps.Log.Info("static services recorded", "changed", n, "services", total)
+	}
+	err = errors.Join(errs...)
 	a.mu.Lock()
 	a.lastSync = a.deps.Clock.Now()
-	if len(errs) == 0 {
+	if err == nil {
 		a.manifestPrint = print
 	}
 	a.mu.Unlock()
-	return errors.Join(errs...)
+	return err
+}
+
+// replaceStatic makes fresh, plus what the store holds from badFiles, the
+// static objects of one kind. It returns how many records changed and how
+// many objects the source now has; when the stored objects cannot be
+// listed it changes nothing, so a broken file's objects are not deleted.
+func replaceStatic[T any, P interface {
+	*T
+	annotated
+}](c store.Collection[T, P], badFiles map[string]bool, fresh []P) (changed, total int, err error) {
+	if len(badFiles) > 0 {
+		fresh, err = keepFromFiles(c.List, badFiles, fresh)
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	changed, err = c.Replace(store.SourceStatic, fresh)
+	return changed, len(fresh), err
 }
 
 // manifestFingerprint sums the names, sizes, modification times and

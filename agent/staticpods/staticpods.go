@@ -1,6 +1,6 @@
-// Package staticpods reads the manifest directory: Pod and Service
-// manifests in *.yaml and *.yml files, turned into the objects the agent
-// stores with source "static", the way kubelet treats static pods.
+// Package staticpods reads the manifest directory: Pod, Service, ConfigMap
+// and Secret manifests in *.yaml and *.yml files, turned into the objects
+// the agent stores with source "static", the way kubelet treats static pods.
 package staticpods
 
 import (
@@ -33,12 +33,23 @@ const (
 // maxFileSize bounds one manifest file; larger files are refused.
 const maxFileSize = 1 << 20
 
-// Manifests is what one read of the directory found.
+// Manifests is what one read of the directory, or of one file, found.
 type Manifests struct {
-	Pods     []*corev1.Pod
-	Services []*corev1.Service
+	Pods       []*corev1.Pod
+	Services   []*corev1.Service
+	ConfigMaps []*corev1.ConfigMap
+	// Secrets have their stringData merged into data.
+	Secrets []*corev1.Secret
 	// Errors has one entry per bad file or document, each naming the file.
 	Errors []*FileError
+}
+
+func (m *Manifests) add(o Manifests) {
+	m.Pods = append(m.Pods, o.Pods...)
+	m.Services = append(m.Services, o.Services...)
+	m.ConfigMaps = append(m.ConfigMaps, o.ConfigMaps...)
+	m.Secrets = append(m.Secrets, o.Secrets...)
+	m.Errors = append(m.Errors, o.Errors...)
 }
 
 // FileError is a problem with one manifest file.
@@ -81,10 +92,7 @@ func Read(dir, nodeName string) (Manifests, error) {
 			m.Errors = append(m.Errors, &FileError{File: e.Name(), Err: err})
 			continue
 		}
-		pods, svcs, errs := Parse(e.Name(), data, nodeName)
-		m.Pods = append(m.Pods, pods...)
-		m.Services = append(m.Services, svcs...)
-		m.Errors = append(m.Errors, errs...)
+		m.add(Parse(e.Name(), data, nodeName))
 	}
 	return m, nil
 }
@@ -110,11 +118,9 @@ func readFile(path string) ([]byte, error) {
 
 // Parse decodes the documents of one manifest file. Good documents are
 // returned even when others in the same file are bad.
-func Parse(file string, data []byte, nodeName string) ([]*corev1.Pod, []*corev1.Service, []*FileError) {
-	var pods []*corev1.Pod
-	var svcs []*corev1.Service
-	var errs []*FileError
-	fail := func(err error) { errs = append(errs, &FileError{File: file, Err: err}) }
+func Parse(file string, data []byte, nodeName string) Manifests {
+	var m Manifests
+	fail := func(err error) { m.Errors = append(m.Errors, &FileError{File: file, Err: err}) }
 	docs, err := yamlcheck.Documents(data)
 	if err != nil {
 		fail(err)
@@ -137,7 +143,7 @@ func Parse(file string, data []byte, nodeName string) ([]*corev1.Pod, []*corev1.
 				fail(fmt.Errorf("%s (Pod %s): %w", where, p.Name, withLine(doc, err)))
 				continue
 			}
-			pods = append(pods, staticPod(p, file, data, nodeName))
+			m.Pods = append(m.Pods, staticPod(p, file, data, nodeName))
 		case tm.APIVersion == "v1" && tm.Kind == "Service":
 			s := &corev1.Service{}
 			if err := yamlcheck.Decode(doc, s); err != nil {
@@ -148,14 +154,37 @@ func Parse(file string, data []byte, nodeName string) ([]*corev1.Pod, []*corev1.
 				fail(fmt.Errorf("%s (Service %s): %w", where, s.Name, withLine(doc, err)))
 				continue
 			}
-			svcs = append(svcs, staticService(s, file))
+			m.Services = append(m.Services, staticService(s, file))
+		case tm.APIVersion == "v1" && tm.Kind == "ConfigMap":
+			c := &corev1.ConfigMap{}
+			if err := yamlcheck.Decode(doc, c); err != nil {
+				fail(fmt.Errorf("%s (ConfigMap): %w", where, err))
+				continue
+			}
+			if err := validateConfigMap(c); err != nil {
+				fail(fmt.Errorf("%s (ConfigMap %s): %w", where, c.Name, withLine(doc, err)))
+				continue
+			}
+			setStatic(&c.ObjectMeta, file)
+			m.ConfigMaps = append(m.ConfigMaps, c)
+		case tm.APIVersion == "v1" && tm.Kind == "Secret":
+			sec := &corev1.Secret{}
+			if err := yamlcheck.Decode(doc, sec); err != nil {
+				fail(fmt.Errorf("%s (Secret): %w", where, err))
+				continue
+			}
+			if err := validateSecret(sec); err != nil {
+				fail(fmt.Errorf("%s (Secret %s): %w", where, sec.Name, withLine(doc, err)))
+				continue
+			}
+			m.Secrets = append(m.Secrets, staticSecret(sec, file))
 		case tm.Kind == "":
-			fail(fmt.Errorf("%s: kind: is required (Pod or Service)", where))
+			fail(fmt.Errorf("%s: kind: is required (Pod, Service, ConfigMap or Secret)", where))
 		default:
-			fail(fmt.Errorf("%s: %s %s is not supported here; only v1 Pod and v1 Service", where, tm.APIVersion, tm.Kind))
+			fail(fmt.Errorf("%s: %s %s is not supported here; only v1 Pod, Service, ConfigMap and Secret", where, tm.APIVersion, tm.Kind))
 		}
 	}
-	return pods, svcs, errs
+	return m
 }
 
 func decodeTypeMeta(doc *yaml.Node, tm *metav1.TypeMeta) error {
@@ -188,7 +217,11 @@ func withLine(doc *yaml.Node, err error) error {
 	}
 	var fe *fieldError
 	if errors.As(err, &fe) {
-		if line := yamlcheck.Line(doc, fe.path); line > 0 {
+		line := yamlcheck.Line(doc, fe.path)
+		if fe.isKey {
+			line = keyLine(doc, fe.path, fe.key)
+		}
+		if line > 0 {
 			return fmt.Errorf("%w (line %d)", err, line)
 		}
 	}
@@ -221,15 +254,58 @@ func staticPod(p *corev1.Pod, file string, data []byte, nodeName string) *corev1
 	return p
 }
 
+// keyLine returns the line of key in the mapping at path, or of the
+// mapping itself when the key is not written there (a merge key, say).
+func keyLine(doc *yaml.Node, path, key string) int {
+	n := doc
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	for _, name := range strings.Split(path, ".") {
+		n = mappingValue(n, name)
+		if n == nil {
+			return yamlcheck.Line(doc, path)
+		}
+	}
+	for i := 0; n.Kind == yaml.MappingNode && i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i].Line
+		}
+	}
+	return yamlcheck.Line(doc, path)
+}
+
+func mappingValue(n *yaml.Node, name string) *yaml.Node {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	for i := 0; n.Kind == yaml.MappingNode && i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == name {
+			v := n.Content[i+1]
+			if v.Kind == yaml.AliasNode {
+				v = v.Alias
+			}
+			return v
+		}
+	}
+	return nil
+}
+
+// setStatic defaults the namespace and adds the annotations of an object
+// from a manifest file. Only pods have their name changed.
+func setStatic(m *metav1.ObjectMeta, file string) {
+	if m.Namespace == "" {
+		m.Namespace = metav1.NamespaceDefault
+	}
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[AnnotationSource] = "file"
+	m.Annotations[AnnotationFile] = file
+}
+
 func staticService(s *corev1.Service, file string) *corev1.Service {
-	if s.Namespace == "" {
-		s.Namespace = metav1.NamespaceDefault
-	}
-	if s.Annotations == nil {
-		s.Annotations = map[string]string{}
-	}
-	s.Annotations[AnnotationSource] = "file"
-	s.Annotations[AnnotationFile] = file
+	setStatic(&s.ObjectMeta, file)
 	if s.Spec.Type == "" {
 		s.Spec.Type = corev1.ServiceTypeClusterIP
 	}
@@ -243,6 +319,23 @@ func staticService(s *corev1.Service, file string) *corev1.Service {
 		if s.Spec.Ports[i].TargetPort.IntVal == 0 && s.Spec.Ports[i].TargetPort.StrVal == "" {
 			s.Spec.Ports[i].TargetPort.IntVal = s.Spec.Ports[i].Port
 		}
+	}
+	return s
+}
+
+// staticSecret merges stringData into data, as the API server does on
+// write (stringData wins), and defaults the type to Opaque.
+func staticSecret(s *corev1.Secret, file string) *corev1.Secret {
+	setStatic(&s.ObjectMeta, file)
+	if len(s.StringData) > 0 && s.Data == nil {
+		s.Data = make(map[string][]byte, len(s.StringData))
+	}
+	for k, v := range s.StringData {
+		s.Data[k] = []byte(v)
+	}
+	s.StringData = nil
+	if s.Type == "" {
+		s.Type = corev1.SecretTypeOpaque
 	}
 	return s
 }

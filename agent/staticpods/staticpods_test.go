@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const webPod = `apiVersion: v1
@@ -22,11 +24,11 @@ spec:
 `
 
 func TestParsePodLikeKubelet(t *testing.T) {
-	pods, svcs, errs := Parse("web.yaml", []byte(webPod), "pi-17")
-	if len(errs) > 0 || len(pods) != 1 || len(svcs) != 0 {
-		t.Fatalf("pods=%d svcs=%d errs=%v", len(pods), len(svcs), errs)
+	m := Parse("web.yaml", []byte(webPod), "pi-17")
+	if len(m.Errors) > 0 || len(m.Pods) != 1 || len(m.Services) != 0 {
+		t.Fatalf("pods=%d svcs=%d errs=%v", len(m.Pods), len(m.Services), m.Errors)
 	}
-	p := pods[0]
+	p := m.Pods[0]
 	if p.Name != "web-pi-17" || p.Namespace != "default" || p.Spec.NodeName != "pi-17" {
 		t.Fatalf("name/ns/node = %s/%s/%s", p.Namespace, p.Name, p.Spec.NodeName)
 	}
@@ -36,11 +38,11 @@ func TestParsePodLikeKubelet(t *testing.T) {
 	if p.Spec.RestartPolicy != corev1.RestartPolicyAlways || *p.Spec.TerminationGracePeriodSeconds != 30 || p.Spec.Containers[0].ImagePullPolicy != corev1.PullIfNotPresent {
 		t.Fatalf("defaults not applied: %+v", p.Spec)
 	}
-	again, _, _ := Parse("web.yaml", []byte(webPod), "pi-17")
+	again := Parse("web.yaml", []byte(webPod), "pi-17").Pods
 	if again[0].UID != p.UID {
 		t.Fatal("UID not stable across reads")
 	}
-	changed, _, _ := Parse("web.yaml", []byte(strings.Replace(webPod, "8080", "8081", 1)), "pi-17")
+	changed := Parse("web.yaml", []byte(strings.Replace(webPod, "8080", "8081", 1)), "pi-17").Pods
 	if changed[0].UID == p.UID {
 		t.Fatal("UID did not change with the manifest")
 	}
@@ -65,12 +67,12 @@ metadata: {name: web}
 spec:
   ports: [{port: 80, protocl: TCP}]
 `
-	pods, svcs, errs := Parse("mixed.yaml", []byte(src), "n")
-	if len(pods) != 1 || len(svcs) != 0 {
-		t.Fatalf("good pod not kept: pods=%d svcs=%d", len(pods), len(svcs))
+	m := Parse("mixed.yaml", []byte(src), "n")
+	if len(m.Pods) != 1 || len(m.Services) != 0 {
+		t.Fatalf("good pod not kept: pods=%d svcs=%d", len(m.Pods), len(m.Services))
 	}
 	var all []string
-	for _, e := range errs {
+	for _, e := range m.Errors {
 		all = append(all, e.Error())
 	}
 	got := strings.Join(all, "\n")
@@ -86,11 +88,11 @@ spec:
 }
 
 func TestParseService(t *testing.T) {
-	_, svcs, errs := Parse("svc.yml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  ports: [{port: 80, targetPort: 8080}]\n"), "n")
-	if len(errs) > 0 || len(svcs) != 1 {
-		t.Fatalf("svcs=%d errs=%v", len(svcs), errs)
+	m := Parse("svc.yml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  ports: [{port: 80, targetPort: 8080}]\n"), "n")
+	if len(m.Errors) > 0 || len(m.Services) != 1 {
+		t.Fatalf("svcs=%d errs=%v", len(m.Services), m.Errors)
 	}
-	s := svcs[0]
+	s := m.Services[0]
 	if s.Namespace != "default" || s.Spec.Ports[0].Protocol != corev1.ProtocolTCP || s.Spec.Ports[0].TargetPort.IntValue() != 8080 || s.Spec.Type != corev1.ServiceTypeClusterIP {
 		t.Fatalf("service = %+v", s.Spec)
 	}
@@ -137,17 +139,232 @@ func TestImagePullPolicyDefault(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(webPod))
 	f.Add([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 1}]}\n---\nkind: Pod\n"))
+	f.Add([]byte(goodConfigMap))
+	f.Add([]byte(goodSecret))
+	f.Add([]byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {k: v, \"b/c\": x}\nbinaryData: {k: eA==}\n"))
+	f.Add([]byte("apiVersion: v1\nkind: Secret\nmetadata: {name: a}\ndata: {k: \"not base64\", k: eA==}\nstringData: {\"\": x}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		pods, svcs, _ := Parse("f.yaml", data, "node")
-		for _, p := range pods {
+		m := Parse("f.yaml", data, "node")
+		for _, p := range m.Pods {
 			if p.Name == "" || p.UID == "" || p.Spec.NodeName != "node" || len(p.Spec.Containers) == 0 {
 				t.Fatalf("accepted an incomplete pod: %+v", p)
 			}
 		}
-		for _, s := range svcs {
+		for _, s := range m.Services {
 			if s.Name == "" || s.Namespace == "" {
 				t.Fatalf("accepted an unnamed service: %+v", s)
 			}
 		}
+		for _, c := range m.ConfigMaps {
+			checkFuzzedMeta(t, "config map", c.ObjectMeta)
+			for k := range c.Data {
+				if _, ok := c.BinaryData[k]; ok || len(validation.IsConfigMapKey(k)) > 0 {
+					t.Fatalf("accepted config map key %q: %+v", k, c)
+				}
+			}
+			for k := range c.BinaryData {
+				if len(validation.IsConfigMapKey(k)) > 0 {
+					t.Fatalf("accepted config map key %q: %+v", k, c)
+				}
+			}
+			if _, err := c.Marshal(); err != nil {
+				t.Fatalf("config map does not encode: %v", err)
+			}
+		}
+		for _, s := range m.Secrets {
+			checkFuzzedMeta(t, "secret", s.ObjectMeta)
+			if s.StringData != nil || s.Type == "" {
+				t.Fatalf("secret not normalized: %+v", s)
+			}
+			for k := range s.Data {
+				if len(validation.IsConfigMapKey(k)) > 0 {
+					t.Fatalf("accepted secret key %q", k)
+				}
+			}
+			if _, err := s.Marshal(); err != nil {
+				t.Fatalf("secret does not encode: %v", err)
+			}
+		}
 	})
+}
+
+func checkFuzzedMeta(t *testing.T, what string, m metav1.ObjectMeta) {
+	t.Helper()
+	if len(validation.IsDNS1123Subdomain(m.Name)) > 0 || m.Namespace == "" ||
+		m.Annotations[AnnotationSource] != "file" || m.Annotations[AnnotationFile] != "f.yaml" {
+		t.Fatalf("accepted a bad %s: %+v", what, m)
+	}
+}
+
+const goodConfigMap = `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: web.config
+  labels: {app: web}
+data:
+  index.html: <h1>hi</h1>
+  APP_MODE: edge
+binaryData:
+  logo.png: iVBORw0K
+`
+
+const goodSecret = `apiVersion: v1
+kind: Secret
+metadata:
+  name: web-creds
+  namespace: edge
+data:
+  user: YWRtaW4=
+  password: b2xk
+stringData:
+  password: new
+  token: t0k
+`
+
+func TestParseConfigMapsAndSecrets(t *testing.T) {
+	tests := []struct {
+		name, src string
+		check     func(t *testing.T, m Manifests)
+	}{
+		{"config map keeps its name and gets the annotations", goodConfigMap, func(t *testing.T, m Manifests) {
+			c := m.ConfigMaps[0]
+			if c.Name != "web.config" || c.Namespace != "default" || c.Labels["app"] != "web" {
+				t.Fatalf("meta = %+v", c.ObjectMeta)
+			}
+			if c.Annotations[AnnotationSource] != "file" || c.Annotations[AnnotationFile] != "cfg.yaml" || c.Annotations[AnnotationHash] != "" {
+				t.Fatalf("annotations = %v", c.Annotations)
+			}
+			if c.Data["index.html"] != "<h1>hi</h1>" || c.Data["APP_MODE"] != "edge" || string(c.BinaryData["logo.png"]) != "\x89PNG\r\n" {
+				t.Fatalf("data = %q binaryData = %q", c.Data, c.BinaryData)
+			}
+		}},
+		{"secret merges stringData into data, stringData winning", goodSecret, func(t *testing.T, m Manifests) {
+			s := m.Secrets[0]
+			if s.Name != "web-creds" || s.Namespace != "edge" || s.Annotations[AnnotationFile] != "cfg.yaml" || s.Annotations[AnnotationSource] != "file" {
+				t.Fatalf("meta = %+v", s.ObjectMeta)
+			}
+			want := map[string]string{"user": "admin", "password": "new", "token": "t0k"}
+			if len(s.Data) != len(want) || s.StringData != nil {
+				t.Fatalf("data = %q, stringData = %q", s.Data, s.StringData)
+			}
+			for k, v := range want {
+				if string(s.Data[k]) != v {
+					t.Errorf("data[%s] = %q, want %q", k, s.Data[k], v)
+				}
+			}
+			if s.Type != corev1.SecretTypeOpaque {
+				t.Fatalf("type = %q", s.Type)
+			}
+		}},
+		{"secret with only stringData and a type", "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ntype: kubernetes.io/basic-auth\nstringData: {username: u}\n", func(t *testing.T, m Manifests) {
+			s := m.Secrets[0]
+			if string(s.Data["username"]) != "u" || s.Type != corev1.SecretTypeBasicAuth || s.Namespace != "default" {
+				t.Fatalf("secret = %+v", s)
+			}
+		}},
+		{"empty config map", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: empty}\n", func(t *testing.T, m Manifests) {
+			if len(m.ConfigMaps[0].Data) != 0 {
+				t.Fatalf("config map = %+v", m.ConfigMaps[0])
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Parse("cfg.yaml", []byte(tt.src), "pi-17")
+			if len(m.Errors) > 0 || len(m.ConfigMaps)+len(m.Secrets) != 1 || len(m.Pods)+len(m.Services) != 0 {
+				t.Fatalf("configMaps=%d secrets=%d errs=%v", len(m.ConfigMaps), len(m.Secrets), m.Errors)
+			}
+			tt.check(t, m)
+		})
+	}
+}
+
+func TestParseConfigMapAndSecretErrors(t *testing.T) {
+	tests := []struct {
+		name, src string
+		want      []string // each error, in order
+	}{
+		{"bad config map key", `apiVersion: v1
+kind: ConfigMap
+metadata: {name: cfg}
+data:
+  good: x
+  bad/key: y
+`, []string{`bad.yaml: document 1 (ConfigMap cfg): data["bad/key"]: is invalid: a valid config key must consist of alphanumeric characters, '-', '_' or '.'`, "(line 6)"}},
+		{"key in data and binaryData", `apiVersion: v1
+kind: ConfigMap
+metadata: {name: cfg}
+data:
+  logo: x
+binaryData:
+  other: eA==
+  logo: eA==
+`, []string{`bad.yaml: document 1 (ConfigMap cfg): binaryData["logo"]: is also in data (line 8)`}},
+		{"key twice in data", `apiVersion: v1
+kind: ConfigMap
+metadata: {name: cfg}
+data:
+  a: x
+  a: y
+`, []string{"bad.yaml: document 1 (ConfigMap): data.a: duplicate key (first at line 5) (line 6)"}},
+		{"bad names", `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: Web_Config
+  namespace: a.b
+`, []string{`bad.yaml: document 1 (ConfigMap Web_Config): metadata.name: "Web_Config" is invalid: a lowercase RFC 1123 subdomain`, "(line 4)", `metadata.namespace: "a.b" is invalid`, "(line 5)"}},
+		{"missing name", "apiVersion: v1\nkind: Secret\nmetadata: {}\n", []string{"bad.yaml: document 1 (Secret ): metadata.name: is required (line 3)"}},
+		{"bad secret keys, sorted, with lines", `apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+stringData:
+  "..": x
+  ok: y
+data:
+  "z z": eA==
+  "a a": eA==
+`, []string{
+			`bad.yaml: document 1 (Secret creds): data["a a"]: is invalid: a valid config key`, "(line 9)\n",
+			`data["z z"]: is invalid: a valid config key`, "(line 8)\n",
+			`stringData[".."]: is invalid: must not be '..' (line 5)`,
+		}},
+		{"secret data not base64, value not repeated", `apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+data:
+  password: hunter2
+`, []string{"bad.yaml: document 1 (Secret): data.password: want base64 text: illegal base64 data at input byte 4 (line 5)"}},
+		{"unknown secret field", "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringdata: {a: b}\n", []string{"bad.yaml: document 1 (Secret): stringdata: unknown field (line 4)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Parse("bad.yaml", []byte(tt.src), "n")
+			if len(m.Errors) != 1 || len(m.ConfigMaps)+len(m.Secrets) != 0 {
+				t.Fatalf("configMaps=%d secrets=%d errors=%v", len(m.ConfigMaps), len(m.Secrets), m.Errors)
+			}
+			got := m.Errors[0].Error()
+			if strings.Contains(got, "hunter2") {
+				t.Fatalf("error repeats a secret value: %s", got)
+			}
+			rest := got
+			for _, w := range tt.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("error\n%s\nlacks, in order, %q", got, w)
+				}
+				rest = rest[i+len(w):]
+			}
+		})
+	}
+}
+
+func TestParseKeepsGoodDocumentsBesideABadConfigMap(t *testing.T) {
+	src := goodConfigMap + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: bad}\ndata: {\"a b\": x}\n---\n" + goodSecret + "---\n" + webPod
+	m := Parse("all.yaml", []byte(src), "n")
+	if len(m.ConfigMaps) != 1 || len(m.Secrets) != 1 || len(m.Pods) != 1 || len(m.Errors) != 1 {
+		t.Fatalf("configMaps=%d secrets=%d pods=%d errors=%v", len(m.ConfigMaps), len(m.Secrets), len(m.Pods), m.Errors)
+	}
+	if want := `all.yaml: document 2 (ConfigMap bad): data["a b"]: is invalid`; !strings.HasPrefix(m.Errors[0].Error(), want) {
+		t.Fatalf("error %q, want prefix %q", m.Errors[0], want)
+	}
 }

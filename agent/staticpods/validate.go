@@ -3,21 +3,36 @@ package staticpods
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// fieldError is a bad value at a field path.
+// fieldError is a bad value at a field path, or a bad key of the map at
+// that path.
 type fieldError struct {
 	path, msg string
+	key       string
+	isKey     bool
 }
 
-func (e *fieldError) Error() string { return e.path + ": " + e.msg }
+func (e *fieldError) Error() string {
+	if e.isKey {
+		return fmt.Sprintf("%s[%q]: %s", e.path, e.key, e.msg)
+	}
+	return e.path + ": " + e.msg
+}
 
 func bad(path, format string, args ...any) error {
 	return &fieldError{path: path, msg: fmt.Sprintf(format, args...)}
+}
+
+func badKey(path, key, format string, args ...any) error {
+	return &fieldError{path: path, key: key, isKey: true, msg: fmt.Sprintf(format, args...)}
 }
 
 func checkName(path, name string, label bool) error {
@@ -131,4 +146,53 @@ func validateService(s *corev1.Service) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateConfigMap checks the name and the keys: each a valid file name
+// for a configMap volume, and in data or binaryData, not both.
+func validateConfigMap(c *corev1.ConfigMap) error {
+	errs := checkObjectMeta(&c.ObjectMeta)
+	errs = append(errs, checkKeys("data", slices.Sorted(maps.Keys(c.Data)))...)
+	errs = append(errs, checkKeys("binaryData", slices.Sorted(maps.Keys(c.BinaryData)))...)
+	for _, k := range slices.Sorted(maps.Keys(c.BinaryData)) {
+		if _, ok := c.Data[k]; ok {
+			errs = append(errs, badKey("binaryData", k, "is also in data"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateSecret checks the name and the keys of data and stringData. A
+// key may be in both; stringData's value wins.
+func validateSecret(s *corev1.Secret) error {
+	errs := checkObjectMeta(&s.ObjectMeta)
+	errs = append(errs, checkKeys("data", slices.Sorted(maps.Keys(s.Data)))...)
+	errs = append(errs, checkKeys("stringData", slices.Sorted(maps.Keys(s.StringData)))...)
+	return errors.Join(errs...)
+}
+
+// checkObjectMeta checks the name (a DNS-1123 subdomain) and namespace of
+// an object that keeps the name its manifest gives it.
+func checkObjectMeta(m *metav1.ObjectMeta) []error {
+	var errs []error
+	if err := checkName("metadata.name", m.Name, false); err != nil {
+		errs = append(errs, err)
+	}
+	if m.Namespace != "" {
+		if err := checkName("metadata.namespace", m.Namespace, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// checkKeys checks that keys of the map at path are config keys.
+func checkKeys(path string, keys []string) []error {
+	var errs []error
+	for _, k := range keys {
+		if msgs := validation.IsConfigMapKey(k); len(msgs) > 0 {
+			errs = append(errs, badKey(path, k, "is invalid: %s", msgs[0]))
+		}
+	}
+	return errs
 }

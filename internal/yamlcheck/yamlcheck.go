@@ -7,6 +7,7 @@ package yamlcheck
 import (
 	"bytes"
 	"encoding"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -167,19 +168,34 @@ func check(n *yaml.Node, t reflect.Type, path string, st *state) {
 			fail(n, "want a mapping, got %s", describe(n))
 			return
 		}
+		first := map[string]int{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Kind != yaml.ScalarNode {
 				*errs = append(*errs, &FieldError{Path: path, Line: k.Line, Msg: "map key must be a scalar"})
 				continue
 			}
+			if line, dup := first[k.Value]; dup {
+				*errs = append(*errs, &FieldError{Path: join(path, k.Value), Line: k.Line, Msg: fmt.Sprintf("duplicate key (first at line %d)", line)})
+				continue
+			}
+			first[k.Value] = k.Line
 			check(v, t.Elem(), join(path, k.Value), st)
 		}
 	case reflect.Slice, reflect.Array:
 		if t.Elem().Kind() == reflect.Uint8 && n.Kind == yaml.ScalarNode {
-			// []byte is base64 text in JSON.
-			if n.Tag != "!!str" && n.Tag != "!!binary" {
-				fail(n, "want base64 text, got %s", describe(n))
+			// []byte is base64 text in JSON, decoded as encoding/json
+			// does. The messages do not repeat the value: it is often a
+			// secret.
+			switch {
+			case n.Tag == "!!binary":
+				fail(n, "the !!binary tag is not supported; write the base64 text untagged")
+			case n.Tag != "!!str":
+				fail(n, "want base64 text, got a YAML %s (quote it)", strings.TrimPrefix(n.Tag, "!!"))
+			default:
+				if _, err := base64.StdEncoding.DecodeString(n.Value); err != nil {
+					fail(n, "want base64 text: %v", err)
+				}
 			}
 			return
 		}

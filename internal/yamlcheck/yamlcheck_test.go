@@ -140,3 +140,40 @@ func TestLine(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeBase64AndMapKeys(t *testing.T) {
+	tests := []struct {
+		name, src string
+		want      string // "" for no error
+		leak      string // a value the error must not repeat
+	}{
+		{"good base64", "data: {a: aGVsbG8=}\n", "", ""},
+		{"base64 over lines", "data:\n  a: |\n    aGVs\n    bG8=\n", "", ""},
+		{"bad base64", "type: Opaque\ndata:\n  password: hunter2\n", "data.password: want base64 text: illegal base64 data at input byte 4 (line 3)", "hunter2"},
+		{"number", "data:\n  pin: 12345678\n", "data.pin: want base64 text, got a YAML int (quote it) (line 2)", "12345678"},
+		{"binary tag", "data:\n  a: !!binary aGVsbG8=\n", "data.a: the !!binary tag is not supported; write the base64 text untagged (line 2)", ""},
+		{"duplicate map key", "stringData:\n  a: x\n  b: y\n  a: z\n", "stringData.a: duplicate key (first at line 2) (line 4)", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			docs, err := Documents([]byte(tt.src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s corev1.Secret
+			err = Decode(docs[0], &s)
+			if tt.want == "" {
+				if err != nil || string(s.Data["a"]) != "hello" {
+					t.Fatalf("err=%v data=%q", err, s.Data)
+				}
+				return
+			}
+			if err == nil || err.Error() != tt.want {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+			if tt.leak != "" && strings.Contains(err.Error(), tt.leak) {
+				t.Fatalf("error repeats the secret value: %v", err)
+			}
+		})
+	}
+}
