@@ -193,10 +193,19 @@ func (m *podManager) startWorker(ctx context.Context, p *corev1.Pod) *worker {
 	m.wg.Go(func() {
 		w.run(ctx)
 		m.mu.Lock()
-		if m.workers[w.uid] == w {
-			delete(m.workers, w.uid)
+		defer m.mu.Unlock()
+		if m.workers[w.uid] != w {
+			return
 		}
-		m.mu.Unlock()
+		delete(m.workers, w.uid)
+		// The pod came back while it was being removed (a static pod
+		// whose manifest was put back has the same UID): run it afresh.
+		w.mu.Lock()
+		back := w.desired
+		w.mu.Unlock()
+		if back != nil && ctx.Err() == nil {
+			m.startWorker(ctx, back)
+		}
 	})
 	return w
 }

@@ -69,12 +69,17 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		if !cs.Ready {
 			allReady = false
 		}
+		term := cs.State.Terminated
+		if cs.State.Waiting != nil {
+			// Waiting to restart after it ended: kubelet counts it as stopped.
+			term = cs.LastTerminationState.Terminated
+		}
 		switch {
 		case cs.State.Running != nil:
 			running++
-		case cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 0:
+		case term != nil && term.ExitCode == 0:
 			succeeded++
-		case cs.State.Terminated != nil:
+		case term != nil:
 			failed++
 		}
 	}

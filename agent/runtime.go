@@ -138,9 +138,14 @@ type Container struct {
 	StartedAt  time.Time // from LabelStartedAt
 	FinishedAt time.Time
 	ExitCode   int32
-	// Reason is "OOMKilled" when the kernel killed it for memory, else "".
+	// Reason is "OOMKilled" when the kernel killed it for memory,
+	// ReasonLost when it vanished with its task (a reboot), else "".
 	Reason string
 }
+
+// ReasonLost is the reason of a container whose task vanished without an
+// exit status, as after a power cut; kubelet reports these as "Unknown".
+const ReasonLost = "Unknown"
 
 // Image errors, as the reasons kubelet reports (ErrImagePull, ErrImageNeverPull).
 var (

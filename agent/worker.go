@@ -57,6 +57,7 @@ type worker struct {
 
 	mu      sync.Mutex
 	desired *corev1.Pod // nil once the pod is gone from the store
+	last    *corev1.Pod // the newest non-nil desired pod, to stop it by its spec
 	status  corev1.PodStatus
 	state   Lifecycle
 
@@ -86,7 +87,7 @@ type probeSet struct {
 
 func newWorker(m *podManager, pod *corev1.Pod) *worker {
 	return &worker{
-		uid: string(pod.UID), m: m, wake: make(chan struct{}, 1), desired: pod,
+		uid: string(pod.UID), m: m, wake: make(chan struct{}, 1), desired: pod, last: pod,
 		waiting: map[string]corev1.ContainerStateWaiting{}, probes: map[string]*probeSet{},
 		log: m.log.With("pod", pod.Namespace+"/"+pod.Name, "uid", string(pod.UID)),
 	}
@@ -97,6 +98,9 @@ func newWorker(m *podManager, pod *corev1.Pod) *worker {
 func (w *worker) update(pod *corev1.Pod) {
 	w.mu.Lock()
 	w.desired = pod
+	if pod != nil {
+		w.last = pod
+	}
 	w.mu.Unlock()
 	w.poke()
 }
@@ -311,6 +315,7 @@ func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map
 			if ps := w.probeSet(a[0].ID); ps != nil && ps.liveFailed() {
 				w.log.Info("liveness probe failed; restarting container", "container", c.Name, "msg", ps.liveMsg)
 				w.stopContainer(ctx, pod, c, a[0])
+				w.stopProbes(a[0].ID)
 				w.m.events.record(pod, "Warning", "Unhealthy", "Liveness probe failed: "+ps.liveMsg)
 				next = time.Millisecond // restart decision right away
 			}
@@ -326,7 +331,12 @@ func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map
 			}
 		}
 		allDone = false
-		if n := w.startAttempt(ctx, pod, c, false, a); n > 0 && (next == 0 || n < next) {
+		n := w.startAttempt(ctx, pod, c, false, a)
+		if n == 0 {
+			// Started: look again at once to start its probes.
+			n = 50 * time.Millisecond
+		}
+		if next == 0 || n < next {
 			next = n
 		}
 	}
@@ -414,6 +424,15 @@ func (w *worker) backoff(pod *corev1.Pod, c *corev1.Container, latest Container)
 	// The state for this exit is computed once and stored.
 	if st.LastFinished.Equal(finished) && st.Count == int32(attemptOf(latest)+1) {
 		return max(st.BackoffUntil.Sub(w.m.clock.Now()), 0)
+	}
+	if latest.Reason == ReasonLost {
+		// The container died with the node (a power cut), not by its own
+		// fault: it comes back at once, and the restart still counts.
+		st = store.RestartState{Count: int32(attemptOf(latest) + 1), LastExitCode: latest.ExitCode, LastFinished: finished, Backoff: st.Backoff}
+		if err := w.m.store.PutRestart(w.uid, c.Name, st); err != nil {
+			w.log.Warn("record restart state", "container", c.Name, "err", err)
+		}
+		return 0
 	}
 	step := time.Duration(st.Backoff)
 	ran := finished.Sub(latest.StartedAt)
@@ -549,7 +568,8 @@ func (w *worker) mounts(ctx context.Context, pod *corev1.Pod, c *corev1.Containe
 }
 
 // stopContainer runs the preStop hook (exec) and stops the container with
-// the pod's grace period.
+// the pod's grace period. It leaves the container's probes to the caller:
+// terminate stops containers in parallel.
 func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, running Container) {
 	grace := 30 * time.Second
 	if pod.Spec.TerminationGracePeriodSeconds != nil {
@@ -574,35 +594,31 @@ func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	if err := w.m.rt.Stop(ctx, running.ID, grace); err != nil {
 		w.log.Warn("stop container", "id", running.ID, "err", err)
 	}
-	w.stopProbes(running.ID)
 }
 
 // terminate stops every container of the pod and, when the pod is gone
-// (pod == nil), removes its containers, network and files.
+// (pod == nil), removes its containers, network and files. Containers stop
+// by the pod's last spec (preStop hooks, grace period) even when the pod is
+// gone.
 func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	w.setState(LifecycleTerminating)
 	cs, err := w.m.rt.List(ctx, w.uid)
 	if err != nil {
 		return err
 	}
+	w.mu.Lock()
+	last := w.last
+	w.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, c := range cs {
 		if c.State != StateRunning {
 			continue
 		}
-		var spec *corev1.Container
-		if pod != nil {
-			spec = findContainer(pod, c.Labels[LabelContainer])
-		}
-		wg.Go(func() {
-			p := pod
-			if p == nil {
-				p = &corev1.Pod{}
-			}
-			w.stopContainer(ctx, p, spec, c)
-		})
+		spec := findContainer(last, c.Labels[LabelContainer])
+		wg.Go(func() { w.stopContainer(ctx, last, spec, c) })
 	}
 	wg.Wait()
+	w.stopProbes("")
 	if pod != nil {
 		w.report(pod, groupAttempts(cs))
 		return nil
@@ -626,6 +642,7 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	if len(errs) == 0 {
 		os.RemoveAll(w.m.podDir(w.uid))
 		w.m.store.DeleteRestarts(w.uid)
+		w.m.events.forget(w.uid)
 		w.log.Info("pod removed")
 	}
 	return errors.Join(errs...)

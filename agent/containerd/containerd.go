@@ -578,6 +578,18 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 			if ac.Labels[agent.LabelStartedAt] != "" || ac.Labels[labelFinishedAt] != "" {
 				ac.State = agent.StateExited
 			}
+			if ac.Labels[agent.LabelStartedAt] != "" && ac.Labels[labelFinishedAt] == "" {
+				// Started, and its task is gone with no exit recorded: it
+				// died with the node. Record that once, so the time it was
+				// found dead stays the same on every later look.
+				lost := map[string]string{
+					labelExitCode: "255", labelReason: agent.ReasonLost,
+					labelFinishedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano),
+				}
+				if labels, err := c.SetLabels(ctx, lost); err == nil {
+					ac.Labels = labels
+				}
+			}
 		default:
 			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), terr)
 		}
@@ -602,7 +614,7 @@ func fillTimes(c *agent.Container) {
 		// The task vanished without an exit status: a reboot or a
 		// containerd state wipe. kubelet reports such containers as
 		// exited with code 255 and reason Unknown.
-		c.ExitCode, c.Reason = 255, "Unknown"
+		c.ExitCode, c.Reason = 255, agent.ReasonLost
 	}
 }
 

@@ -27,8 +27,12 @@ const usage = `outpost: a small-memory Kubernetes node agent for ARM boards
 
 Usage:
   outpost agent [--config FILE]          run the agent
-  outpost status [--config FILE] [-o table|json]
-                                         show what the node's store holds
+  outpost status [--config FILE] [-o table|json] [NAMESPACE/POD]
+                                         show the node's pods, or one pod
+  outpost logs [NAMESPACE/]POD [-c CONTAINER] [-f] [--previous] [--tail N]
+                                         print a container's log
+  outpost images import [--config FILE] TARBALL...
+                                         import OCI or docker-archive images
   outpost config check [--config FILE]   validate a config file and print
                                          the effective configuration
   outpost version                        print version information
@@ -75,6 +79,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runAgent(ctx, args[1:], stderr)
 	case "status":
 		return runStatus(ctx, args[1:], stdout)
+	case "logs":
+		return runLogs(ctx, args[1:], stdout)
+	case "images":
+		return runImages(ctx, args[1:], stdout, stderr)
 	case "config":
 		if len(args) < 2 || args[1] != "check" {
 			return usageError{errors.New("usage: outpost config check [--config FILE]")}

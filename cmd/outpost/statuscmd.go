@@ -20,6 +20,10 @@ import (
 func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	fs, path := newFlags("status")
 	output := fs.String("o", "table", "output format: table or json")
+	var podArg string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		podArg, args = args[0], args[1:]
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -44,6 +48,23 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 		if s, err = agent.ReadStatus(st); err != nil {
 			return err
 		}
+	}
+	if podArg != "" {
+		ns, name, ok := strings.Cut(podArg, "/")
+		if !ok {
+			ns, name = "default", podArg
+		}
+		for _, p := range s.Pods {
+			if p.Namespace == ns && p.Name == name {
+				if *output == "json" {
+					enc := json.NewEncoder(stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(p)
+				}
+				return printPod(stdout, p)
+			}
+		}
+		return fmt.Errorf("pod %s/%s is not on this node", ns, name)
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
@@ -183,4 +204,73 @@ func shortDuration(d time.Duration) string {
 		return fmt.Sprintf("%dh", int(d.Hours()))
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// printPod shows one pod: its status, containers and recent events.
+func printPod(w io.Writer, p agent.PodInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "POD\t%s/%s\n", p.Namespace, p.Name)
+	fmt.Fprintf(tw, "UID\t%s\n", p.UID)
+	fmt.Fprintf(tw, "SOURCE\t%s\n", p.Source)
+	st := p.Status
+	if st == nil {
+		fmt.Fprintf(tw, "STATUS\tnot known yet\n")
+		return tw.Flush()
+	}
+	fmt.Fprintf(tw, "STATUS\t%s\n", podPhase(st))
+	fmt.Fprintf(tw, "IP\t%s\n", st.PodIP)
+	if st.StartTime != nil {
+		fmt.Fprintf(tw, "STARTED\t%s\n", st.StartTime.Time.Format(time.RFC3339))
+	}
+	fmt.Fprintf(tw, "QOS\t%s\n", st.QOSClass)
+	var conds []string
+	for _, c := range st.Conditions {
+		conds = append(conds, fmt.Sprintf("%s=%s", c.Type, c.Status))
+	}
+	fmt.Fprintf(tw, "CONDITIONS\t%s\n", strings.Join(conds, " "))
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONTAINER\tSTATE\tREADY\tRESTARTS\tLAST EXIT\tID")
+	row := func(prefix string, c corev1.ContainerStatus) {
+		state := "waiting"
+		switch {
+		case c.State.Running != nil:
+			state = "running since " + c.State.Running.StartedAt.Time.Format(time.RFC3339)
+		case c.State.Terminated != nil:
+			state = fmt.Sprintf("terminated: %s (exit %d)", c.State.Terminated.Reason, c.State.Terminated.ExitCode)
+		case c.State.Waiting != nil:
+			state = "waiting: " + c.State.Waiting.Reason
+		}
+		last := "-"
+		if t := c.LastTerminationState.Terminated; t != nil {
+			last = fmt.Sprintf("%s (exit %d) at %s", t.Reason, t.ExitCode, t.FinishedAt.Time.Format(time.RFC3339))
+		}
+		id := strings.TrimPrefix(c.ContainerID, "containerd://")
+		if id == "" {
+			id = "-"
+		}
+		fmt.Fprintf(tw, "%s%s\t%s\t%v\t%d\t%s\t%s\n", prefix, c.Name, state, c.Ready, c.RestartCount, last, id)
+	}
+	for _, c := range st.InitContainerStatuses {
+		row("init:", c)
+	}
+	for _, c := range st.ContainerStatuses {
+		row("", c)
+	}
+	tw.Flush()
+	for _, c := range append(append([]corev1.ContainerStatus(nil), st.InitContainerStatuses...), st.ContainerStatuses...) {
+		if wt := c.State.Waiting; wt != nil && wt.Message != "" {
+			fmt.Fprintf(w, "  %s: %s\n", c.Name, wt.Message)
+		}
+	}
+	if len(p.Events) > 0 {
+		fmt.Fprintln(w, "\nEVENTS")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, e := range p.Events {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Type, e.Reason, e.Message)
+		}
+		tw.Flush()
+	}
+	return nil
 }

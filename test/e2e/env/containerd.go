@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,9 @@ type Containerd struct {
 	Root, State string
 	// Version is the daemon's version.
 	Version string
+
+	dir, cfgPath, bin string
+	proc              *process
 }
 
 // StartContainerd starts a containerd with its own socket, root and state
@@ -39,6 +43,7 @@ func StartContainerd(t testing.TB) *Containerd {
 		Address: filepath.Join(dir, "containerd.sock"),
 		Root:    filepath.Join(dir, "root"),
 		State:   filepath.Join(dir, "state"),
+		dir:     dir, bin: bin,
 	}
 	cfg := fmt.Sprintf(`version = 2
 root = %q
@@ -58,6 +63,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   address = ""
 `, c.Root, c.State, c.Address, c.Address+".ttrpc")
 	cfgPath := filepath.Join(dir, "config.toml")
+	c.cfgPath = cfgPath
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +74,27 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		}
 		os.RemoveAll(dir)
 	})
-	p := start(t, dir, "containerd", bin, "--config", cfgPath, "--log-level", "warn")
+	client := c.start(t)
+	// Registered after start, so it runs before the daemon is stopped.
+	t.Cleanup(func() {
+		if c.proc.exited() {
+			return
+		}
+		defer client.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := removeAll(ctx, client); err != nil {
+			t.Logf("containerd cleanup: %v", err)
+		}
+	})
+	return c
+}
+
+// start runs the daemon and waits until it answers.
+func (c *Containerd) start(t testing.TB) *containerd.Client {
+	t.Helper()
+	p := start(t, c.dir, "containerd", c.bin, "--config", c.cfgPath, "--log-level", "warn")
+	c.proc = p
 	var client *containerd.Client
 	waitFor(t, p, 30*time.Second, func() error {
 		if _, err := os.Stat(c.Address); err != nil {
@@ -86,16 +112,31 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		c.Version, client = v.Version, cl
 		return nil
 	})
-	// Registered after start, so it runs before the daemon is stopped.
+	return client
+}
+
+// PowerCut simulates losing power: the daemon and every shim and
+// container die at once with SIGKILL, and the state directory (tmpfs on a
+// real machine) is wiped; the root with images, snapshots and container
+// records stays, as on disk. Then containerd starts again.
+func (c *Containerd) PowerCut(t testing.TB) {
+	t.Helper()
+	syscall.Kill(-c.proc.cmd.Process.Pid, syscall.SIGKILL)
+	<-c.proc.done
+	killContainers(c.Address)
+	if err := unmountUnder(c.State); err != nil {
+		t.Fatalf("power cut: %v", err)
+	}
+	if err := os.RemoveAll(c.State); err != nil {
+		t.Fatalf("power cut: %v", err)
+	}
+	cl := c.start(t)
 	t.Cleanup(func() {
-		defer client.Close()
+		defer cl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := removeAll(ctx, client); err != nil {
-			t.Logf("containerd cleanup: %v", err)
-		}
+		removeAll(ctx, cl)
 	})
-	return c
 }
 
 // Client returns a client of the daemon in namespace ns, closed in t's

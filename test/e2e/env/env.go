@@ -173,6 +173,55 @@ func killByCmdline(needle string) {
 	}
 }
 
+// killContainers kills, with SIGKILL, every container started by the shims
+// of the containerd at address (each shim's children are the containers'
+// init processes; killing one ends its whole PID namespace), then the
+// shims themselves.
+func killContainers(address string) {
+	shims := map[int]bool{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		cl, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cl, []byte(address)) {
+			shims[pid] = true
+		}
+	}
+	for _, e := range entries {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces, so read after ')'.
+		rest := stat[bytes.LastIndexByte(stat, ')')+1:]
+		var state string
+		var pid, ppid int
+		fmt.Sscanf(e.Name(), "%d", &pid)
+		if _, err := fmt.Sscanf(string(rest), " %s %d", &state, &ppid); err == nil && shims[ppid] {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	for pid := range shims {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	// A second sweep by cgroup catches a container whose init was not (or
+	// no longer) a shim's child: outpost puts every container under
+	// /outpost/pod<uid>/.
+	for _, e := range entries {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !bytes.Contains(cg, []byte(":/outpost/pod")) {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
 // unmountUnder lazily unmounts every mount below dir, deepest first.
 func unmountUnder(dir string) error {
 	f, err := os.Open("/proc/self/mountinfo")

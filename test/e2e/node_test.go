@@ -1,0 +1,306 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/test/e2e/env"
+)
+
+// outpostBin is the binary under test, built once by TestMain as root.
+var outpostBin string
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if os.Geteuid() == 0 {
+			dir, err := os.MkdirTemp("", "outpost-e2e-bin-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			outpostBin = filepath.Join(dir, "outpost")
+			build := exec.Command("go", "build", "-o", outpostBin, "./cmd/outpost")
+			build.Dir = "../.."
+			build.Stdout, build.Stderr = os.Stderr, os.Stderr
+			if err := build.Run(); err != nil {
+				fmt.Fprintln(os.Stderr, "build outpost:", err)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// node is an outpost agent under test: its own state, manifest, log and
+// run dirs, a private containerd, and a network namespace of its own that
+// plays the host's (bridge, veths and the nftables table live there, never
+// in the real host's namespace).
+type node struct {
+	t         *testing.T
+	name      string
+	dir       string
+	manifests string
+	cfg       string
+	netns     string
+	ctrd      *env.Containerd
+	ns        string // containerd namespace
+	agent     *exec.Cmd
+	agentLog  *os.File
+	done      chan struct{}
+}
+
+func newNode(t *testing.T, name string) *node {
+	t.Helper()
+	env.RequireRoot(t)
+	ctrd := env.StartContainerd(t)
+	// A namespace of its own: runc keeps state under /run/containerd/runc/<namespace>,
+	// shared by every containerd on the machine.
+	ns := fmt.Sprintf("outpost-e2e-%d", time.Now().UnixNano()%1e9)
+	ctrd.ImportTestImage(t, ns)
+	dir := t.TempDir()
+	n := &node{t: t, name: name, dir: dir, manifests: filepath.Join(dir, "manifests"), ctrd: ctrd, ns: ns,
+		netns: fmt.Sprintf("outpost-e2e-%d", time.Now().UnixNano()%1e9)}
+	os.Mkdir(n.manifests, 0o755)
+	before := netnsEntries()
+	run(t, "ip", "netns", "add", n.netns)
+	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
+	t.Cleanup(func() {
+		n.kill()
+		// Pod namespaces the agent made; pods of this test only.
+		for e := range netnsEntries() {
+			if !before[e] && strings.HasPrefix(e, "outpost-") && e != n.netns {
+				p := filepath.Join("/run/netns", e)
+				syscall.Unmount(p, syscall.MNT_DETACH)
+				os.Remove(p)
+			}
+		}
+		exec.Command("ip", "netns", "delete", n.netns).Run()
+	})
+	n.cfg = filepath.Join(dir, "config.yaml")
+	cfg := fmt.Sprintf(`nodeName: %s
+stateDir: %s
+manifestDir: %s
+imageDir: %s
+logDir: %s
+runDir: %s
+containerd:
+  address: %s
+  namespace: %s
+log:
+  level: debug
+`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns)
+	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func netnsEntries() map[string]bool {
+	out := map[string]bool{}
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		out[e.Name()] = true
+	}
+	return out
+}
+
+func run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// write puts a manifest file into the node's manifest dir.
+func (n *node) write(name, body string) {
+	n.t.Helper()
+	if err := os.WriteFile(filepath.Join(n.manifests, name), []byte(body), 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// start runs the agent inside the node's network namespace.
+func (n *node) start() {
+	n.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(n.dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	// nsenter enters only the network namespace: `ip netns exec` would also
+	// give the agent a private mount namespace, hiding the pod namespaces
+	// it bind-mounts from containerd.
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, outpostBin, "agent", "--config", n.cfg)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.agent, n.agentLog, n.done = cmd, logf, make(chan struct{})
+	go func(done chan struct{}) { cmd.Wait(); logf.Close(); close(done) }(n.done)
+	n.t.Cleanup(func() {
+		if n.t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(n.dir, "agent.log"))
+			lines := strings.Split(string(b), "\n")
+			if len(lines) > 60 {
+				lines = lines[len(lines)-60:]
+			}
+			n.t.Logf("agent log:\n%s", strings.Join(lines, "\n"))
+		}
+	})
+}
+
+// kill stops the agent with SIGKILL, as a crash or power cut would.
+func (n *node) kill() {
+	if n.agent == nil {
+		return
+	}
+	n.agent.Process.Signal(syscall.SIGKILL)
+	<-n.done
+	n.agent = nil
+}
+
+// stop stops the agent with SIGTERM; its pods keep running.
+func (n *node) stop() {
+	if n.agent == nil {
+		return
+	}
+	n.agent.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.done:
+	case <-time.After(20 * time.Second):
+		n.t.Fatal("agent did not stop on SIGTERM within 20 s")
+	}
+	n.agent = nil
+}
+
+// outpost runs the CLI against the node's config.
+func (n *node) outpost(args ...string) (string, error) {
+	args = append(args, "--config", n.cfg)
+	out, err := exec.Command(outpostBin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// status returns the agent's status.
+func (n *node) status() (agent.Status, error) {
+	var s agent.Status
+	out, err := exec.Command(outpostBin, "status", "-o", "json", "--config", n.cfg).Output()
+	if err != nil {
+		return s, err
+	}
+	err = json.Unmarshal(out, &s)
+	return s, err
+}
+
+func findPod(s agent.Status, name string) *agent.PodInfo {
+	for i := range s.Pods {
+		if s.Pods[i].Name == name {
+			return &s.Pods[i]
+		}
+	}
+	return nil
+}
+
+// waitPod polls status until cond holds for the named pod, for at most
+// timeout, and returns the pod.
+func (n *node) waitPod(name string, timeout time.Duration, what string, cond func(p *agent.PodInfo) bool) *agent.PodInfo {
+	n.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last *agent.PodInfo
+	for time.Now().Before(deadline) {
+		if s, err := n.status(); err == nil && s.From == "agent" {
+			if p := findPod(s, name); p != nil {
+				last = p
+				if p.Status != nil && cond(p) {
+					return p
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	js, _ := json.MarshalIndent(last, "", "  ")
+	n.t.Fatalf("pod %s: not %s within %v; last seen:\n%s", name, what, timeout, js)
+	return nil
+}
+
+func running(p *agent.PodInfo) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Running == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func ready(p *agent.PodInfo) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// fetch GETs url from inside the node's network namespace, where the pod
+// network lives: the connection is dialled from a thread switched into it.
+func (n *node) fetch(url string) (string, error) {
+	u := strings.TrimPrefix(url, "http://")
+	hostport, path, _ := strings.Cut(u, "/")
+	conn, err := dialInNetns("/run/netns/"+n.netns, hostport)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(conn, "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n", path, hostport)
+	var out bytes.Buffer
+	_, err = out.ReadFrom(conn)
+	return out.String(), err
+}
+
+func dialInNetns(nsPath, addr string) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		ns, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+func unmount(p string) { syscall.Unmount(p, syscall.MNT_DETACH) }

@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/test/e2e/env"
+)
+
+const webPod = `apiVersion: v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  containers:
+  - name: httpd
+    image: ` + env.TestImage + `
+    command: [httpd, -f, -p, "8080", -h, /var/www]
+    ports: [{name: http, containerPort: 8080}]
+    readinessProbe:
+      httpGet: {path: /, port: http}
+      periodSeconds: 1
+    livenessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 2
+`
+
+const sensorPod = `apiVersion: v1
+kind: Pod
+metadata: {name: sensor}
+spec:
+  containers:
+  - name: sampler
+    image: ` + env.TestImage + `
+    command: [sh, -c, 'echo "started on $NODE_NAME"; while true; do sleep 1; done']
+    env:
+    - name: NODE_NAME
+      valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+`
+
+func podManifest(name, policy, script string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s}
+spec:
+  restartPolicy: %s
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: %s
+    command: [sh, -c, %q]
+`, name, policy, env.TestImage, script)
+}
+
+// TestE2EStaticPodLifecycle runs static pods from manifest files on a real
+// containerd: a web server with probes reachable on its pod IP, a crash
+// loop with backoff, OnFailure and Never pods, ignored file names, logs,
+// and a removed manifest stopping its pod.
+func TestE2EStaticPodLifecycle(t *testing.T) {
+	n := newNode(t, "e2e-life")
+	n.write("web.yaml", webPod)
+	n.write("crash.yaml", podManifest("crash", "Always", "echo boom; exit 1"))
+	n.write("once.yaml", podManifest("once", "OnFailure", "echo done; exit 0"))
+	n.write("never.yaml", podManifest("never", "Never", "exit 2"))
+	for _, ignored := range []string{"web.yaml.bak", ".web.yaml.swp", "other.backup", "README", "web.yaml~"} {
+		n.write(ignored, strings.Replace(webPod, "name: web,", "name: ignored,", 1))
+	}
+	n.start()
+
+	web := n.waitPod("web-e2e-life", 60*time.Second, "running and ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	if web.Status.PodIP == "" || !strings.HasPrefix(web.Status.PodIP, "10.42.0.") {
+		t.Fatalf("web pod IP %q, want one from 10.42.0.0/24", web.Status.PodIP)
+	}
+	out, err := n.fetch("http://" + web.Status.PodIP + ":8080/")
+	if err != nil || !strings.Contains(out, "hello from outpost") {
+		t.Fatalf("fetch from pod IP: %v: %q", err, out)
+	}
+
+	n.waitPod("crash-e2e-life", 60*time.Second, "restarted and backing off", func(p *agent.PodInfo) bool {
+		c := p.Status.ContainerStatuses[0]
+		return c.RestartCount >= 1 && c.State.Waiting != nil && c.State.Waiting.Reason == "CrashLoopBackOff" &&
+			c.LastTerminationState.Terminated != nil && c.LastTerminationState.Terminated.ExitCode == 1
+	})
+	n.waitPod("once-e2e-life", 30*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
+	never := n.waitPod("never-e2e-life", 30*time.Second, "Failed", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodFailed })
+	if c := never.Status.ContainerStatuses[0]; c.RestartCount != 0 || c.State.Terminated == nil || c.State.Terminated.ExitCode != 2 {
+		t.Fatalf("Never pod restarted or lost its exit code: %+v", c)
+	}
+
+	s, err := n.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Pods) != 4 {
+		var names []string
+		for _, p := range s.Pods {
+			names = append(names, p.Name)
+		}
+		t.Fatalf("pods %v: ignored file names were read", names)
+	}
+
+	logs, err := n.outpost("logs", "default/crash-e2e-life", "--previous")
+	if err != nil || !strings.Contains(logs, "boom") {
+		t.Fatalf("logs --previous: %v: %q", err, logs)
+	}
+	if got, _ := n.outpost("logs", "once-e2e-life"); !strings.Contains(got, "done") {
+		t.Fatalf("logs of once: %q", got)
+	}
+
+	// A removed file stops its pod and removes its containers.
+	os.Remove(filepath.Join(n.manifests, "crash.yaml"))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := n.status()
+		if err == nil && findPod(s, "crash-e2e-life") == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pod of a removed manifest still listed after 20 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for time.Now().Before(deadline) {
+		if !strings.Contains(run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls", "-q"), "-main-") ||
+			!strings.Contains(run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls", "-q"), "crash") {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if ls := run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls"); strings.Contains(ls, "crash") {
+		t.Fatalf("containers of the removed pod remain:\n%s", ls)
+	}
+}
+
+// containerIDs maps each container of the pods to its ID and start time.
+func containerIDs(t *testing.T, n *node, pods ...string) map[string]string {
+	t.Helper()
+	s, err := n.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, name := range pods {
+		p := findPod(s, name)
+		if p == nil || p.Status == nil {
+			t.Fatalf("pod %s missing from status", name)
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.State.Running == nil {
+				t.Fatalf("pod %s container %s not running", name, c.Name)
+			}
+			out[name+"/"+c.Name] = fmt.Sprintf("%s@%s restarts=%d", c.ContainerID, c.State.Running.StartedAt.UTC().Format(time.RFC3339), c.RestartCount)
+		}
+	}
+	return out
+}
+
+// TestE2EAgentRestartKeepsContainers kills the agent with SIGKILL and
+// starts it again: the same containers keep running (same IDs and start
+// times), and the logs keep flowing.
+func TestE2EAgentRestartKeepsContainers(t *testing.T) {
+	n := newNode(t, "e2e-restart")
+	n.write("web.yaml", webPod)
+	n.write("sensor.yaml", sensorPod)
+	n.start()
+	n.waitPod("web-e2e-restart", 60*time.Second, "ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	n.waitPod("sensor-e2e-restart", 60*time.Second, "running", running)
+	before := containerIDs(t, n, "web-e2e-restart", "sensor-e2e-restart")
+
+	for i := range 3 {
+		n.kill()
+		n.start()
+		n.waitPod("web-e2e-restart", 30*time.Second, "ready again", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+		after := containerIDs(t, n, "web-e2e-restart", "sensor-e2e-restart")
+		for k, v := range before {
+			if after[k] != v {
+				t.Fatalf("restart %d: container %s changed: %s → %s", i+1, k, v, after[k])
+			}
+		}
+	}
+	logs, err := n.outpost("logs", "sensor-e2e-restart")
+	if err != nil || !strings.Contains(logs, "started on e2e-restart") {
+		t.Fatalf("sensor logs: %v %q", err, logs)
+	}
+}
+
+// TestE2EPowerCutRecovery simulates a power cut with no network: agent,
+// containerd, shims and containers all killed at once, containerd's
+// runtime state wiped as a reboot wipes /run, the node's network
+// namespace recreated empty. Started again, the agent brings every pod back
+// from its store, with the same pod IPs.
+func TestE2EPowerCutRecovery(t *testing.T) {
+	n := newNode(t, "e2e-power")
+	n.write("web.yaml", webPod)
+	n.write("sensor.yaml", sensorPod)
+	n.start()
+	web := n.waitPod("web-e2e-power", 60*time.Second, "ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	n.waitPod("sensor-e2e-power", 60*time.Second, "running", running)
+	ip := web.Status.PodIP
+
+	n.kill()
+	n.ctrd.PowerCut(t)
+	// A reboot empties /run, runc's state with it.
+	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
+	// A reboot loses every network namespace and the bridge.
+	for e := range netnsEntries() {
+		if strings.HasPrefix(e, "outpost-") && e != n.netns {
+			p := filepath.Join("/run/netns", e)
+			unmount(p)
+			os.Remove(p)
+		}
+	}
+	run(t, "ip", "netns", "delete", n.netns)
+	run(t, "ip", "netns", "add", n.netns)
+	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
+
+	start := time.Now()
+	n.start()
+	web = n.waitPod("web-e2e-power", 60*time.Second, "back and ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	n.waitPod("sensor-e2e-power", 60*time.Second, "back", running)
+	took := time.Since(start)
+	t.Logf("pods back %v after the agent started", took.Round(10*time.Millisecond))
+	if took > 5*time.Second {
+		b, _ := os.ReadFile(filepath.Join(n.dir, "agent.log"))
+		t.Logf("slow recovery; agent log:\n%s", b)
+	}
+	if web.Status.PodIP != ip {
+		t.Fatalf("pod IP changed across the power cut: %s → %s", ip, web.Status.PodIP)
+	}
+	if c := web.Status.ContainerStatuses[0]; c.RestartCount != 1 {
+		t.Fatalf("restart count after power cut = %d, want 1", c.RestartCount)
+	}
+	out, err := n.fetch("http://" + ip + ":8080/")
+	if err != nil || !strings.Contains(out, "hello from outpost") {
+		t.Fatalf("fetch after power cut: %v: %q", err, out)
+	}
+}
