@@ -47,7 +47,10 @@ type PodInfo struct {
 	// from the journal when reading the store alone (absent once a sink
 	// has sent it).
 	Status *corev1.PodStatus `json:"status,omitempty"`
-	Events []Event           `json:"events,omitempty"`
+	// Synced reports whether Status was computed by this running agent
+	// from what the runtime says now, rather than read from the journal.
+	Synced bool    `json:"synced"`
+	Events []Event `json:"events,omitempty"`
 }
 
 // ServiceRow is one desired service.
@@ -127,9 +130,11 @@ func (a *Agent) Status() (Status, error) {
 	if a.pods != nil {
 		views := a.pods.views()
 		for i := range s.Pods {
-			if v, ok := views[s.Pods[i].UID]; ok {
+			// A worker that has not synced yet leaves the journal's
+			// last-known status in place.
+			if v, ok := views[s.Pods[i].UID]; ok && v.Status.Phase != "" {
 				st := v.Status
-				s.Pods[i].Status, s.Pods[i].Events = &st, v.Events
+				s.Pods[i].Status, s.Pods[i].Events, s.Pods[i].Synced = &st, v.Events, true
 			}
 		}
 	}

@@ -218,7 +218,8 @@ func findPod(s agent.Status, name string) *agent.PodInfo {
 	return nil
 }
 
-// waitPod polls status until cond holds for the named pod, for at most
+// waitPod polls status until cond holds for the named pod, as computed by
+// the running agent (not the journal's last-known status), for at most
 // timeout, and returns the pod.
 func (n *node) waitPod(name string, timeout time.Duration, what string, cond func(p *agent.PodInfo) bool) *agent.PodInfo {
 	n.t.Helper()
@@ -228,7 +229,7 @@ func (n *node) waitPod(name string, timeout time.Duration, what string, cond fun
 		if s, err := n.status(); err == nil && s.From == "agent" {
 			if p := findPod(s, name); p != nil {
 				last = p
-				if p.Status != nil && cond(p) {
+				if p.Status != nil && p.Synced && cond(p) {
 					return p
 				}
 			}

@@ -138,19 +138,13 @@ func TestE2EStaticPodLifecycle(t *testing.T) {
 	}
 }
 
-// containerIDs maps each container of the pods to its ID and start time.
+// containerIDs maps each container of the pods to its ID and start time,
+// as the running agent sees them.
 func containerIDs(t *testing.T, n *node, pods ...string) map[string]string {
 	t.Helper()
-	s, err := n.status()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]string{}
 	for _, name := range pods {
-		p := findPod(s, name)
-		if p == nil || p.Status == nil {
-			t.Fatalf("pod %s missing from status", name)
-		}
+		p := n.waitPod(name, 30*time.Second, "synced", func(*agent.PodInfo) bool { return true })
 		for _, c := range p.Status.ContainerStatuses {
 			if c.State.Running == nil {
 				t.Fatalf("pod %s container %s not running", name, c.Name)

@@ -1,0 +1,33 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// The pod worker tests live in package agent_test: agent/runtimetest
+// imports agent, so a test in package agent cannot import it. These
+// names let them drive the pod manager the way Agent.Run does.
+
+// PodManager is the pod manager.
+type PodManager = podManager
+
+// NewPodManager is newPodManager.
+func NewPodManager(cfg PodConfig, deps PodDeps, st *store.Store, clk clock.Clock, log *slog.Logger) *PodManager {
+	return newPodManager(cfg, deps, st, clk, log)
+}
+
+// Run is run.
+func (m *podManager) Run(ctx context.Context) { m.run(ctx) }
+
+// Views is views.
+func (m *podManager) Views() map[string]PodView { return m.views() }
+
+// Events returns the pod events kept for uid.
+func (m *podManager) Events(uid string) []Event { return m.events.list(uid) }
+
+// ContainerID is containerID.
+func ContainerID(podUID, name string, attempt int) string { return containerID(podUID, name, attempt) }
