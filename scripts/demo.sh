@@ -88,7 +88,10 @@ status_json() { bin/outpost status --config "$DEMO/config.yaml" -o json 2>/dev/n
 pod_ready() {
 	status_json | python3 -c '
 import json,sys
-s=json.load(sys.stdin)
+try:
+    s=json.load(sys.stdin)
+except ValueError:
+    sys.exit(0)  # the agent is not answering yet
 for p in s["pods"]:
     if p["name"]==sys.argv[1] and p.get("status"):
         print(p["status"].get("podIP",""), all(c.get("ready") for c in p["status"].get("containerStatuses",[])))' "$1"
@@ -108,7 +111,7 @@ echo "== outpost status"
 bin/outpost status --config "$DEMO/config.yaml"
 echo
 echo "== the web page, fetched from the pod's IP ($ip)"
-busybox wget -q -O - -T 5 "http://$ip:8080/"
+timeout 5 busybox wget -q -O - "http://$ip:8080/"
 echo
 echo "== outpost logs sensor"
 sleep 1

@@ -29,8 +29,13 @@ func runLogs(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		target, args = args[0], args[1:]
 	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	if err := fs.Parse(args); err != nil {
+		return usageError{fmt.Errorf("%s: %w", fs.Name(), err)}
+	}
+	if fs.NArg() == 1 && target == "" {
+		target = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
 	}
 	if target == "" {
 		return usageError{errors.New("usage: outpost logs [NAMESPACE/]POD [-c CONTAINER] [-f] [--previous] [--tail N] [--since DURATION] [--timestamps]")}

@@ -24,8 +24,13 @@ func runStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		podArg, args = args[0], args[1:]
 	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	if err := fs.Parse(args); err != nil {
+		return usageError{fmt.Errorf("%s: %w", fs.Name(), err)}
+	}
+	if fs.NArg() == 1 && podArg == "" {
+		podArg = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
 	}
 	if *output != "table" && *output != "json" {
 		return usageError{fmt.Errorf("status: -o %q is not table or json", *output)}
