@@ -48,7 +48,11 @@ type PodDeps struct {
 	Env func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error)
 	// Volumes returns a container's volume mounts, preparing the pod's
 	// volumes; TeardownVolumes removes them. nil: pods with volumes fail.
-	Volumes         func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error)
+	Volumes func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error)
+	// RefreshVolumes rewrites the content volumes (configMap, secret,
+	// downwardAPI, projected) of a pod whose containers run, so they see
+	// edits of their config maps and secrets; nil: never refreshed.
+	RefreshVolumes  func(ctx context.Context, pod *corev1.Pod, podIP string) error
 	TeardownVolumes func(podUID string) error
 	Rand            func(n int64) int64
 }
@@ -63,6 +67,7 @@ type podManager struct {
 	log             *slog.Logger
 	env             func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error)
 	volumes         func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error)
+	refreshVolumes  func(ctx context.Context, pod *corev1.Pod, podIP string) error
 	teardownVolumes func(podUID string) error
 	rand            func(int64) int64
 	events          *eventLog
@@ -76,7 +81,7 @@ type podManager struct {
 func newPodManager(cfg PodConfig, deps PodDeps, st *store.Store, clk clock.Clock, log *slog.Logger) *podManager {
 	m := &podManager{
 		cfg: cfg, store: st, rt: deps.Runtime, net: deps.Network, clock: clk, log: log,
-		env: deps.Env, volumes: deps.Volumes, teardownVolumes: deps.TeardownVolumes, rand: deps.Rand,
+		env: deps.Env, volumes: deps.Volumes, refreshVolumes: deps.RefreshVolumes, teardownVolumes: deps.TeardownVolumes, rand: deps.Rand,
 		events: newEventLog(clk, 20), workers: map[string]*worker{},
 	}
 	if m.env == nil {

@@ -69,6 +69,7 @@ type worker struct {
 	waiting   map[string]corev1.ContainerStateWaiting
 	probes    map[string]*probeSet // by container ID
 	lastSent  []byte
+	volErr    string // the last volume refresh error, logged once
 	log       *slog.Logger
 }
 
@@ -189,6 +190,7 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 			w.setState(terminal)
 		} else {
 			w.setState(LifecycleRunning)
+			w.refreshVolumes(ctx, pod)
 		}
 	}
 	// Re-read after the changes above so status shows them.
@@ -198,6 +200,35 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 	}
 	w.report(pod, byName)
 	return next, false
+}
+
+// refreshVolumes rewrites the running pod's content volumes from the
+// store, so an edited config map or secret reaches its containers as in
+// kubelet. A failure keeps the content they have; it is logged when it
+// changes.
+func (w *worker) refreshVolumes(ctx context.Context, pod *corev1.Pod) {
+	if w.m.refreshVolumes == nil || !hasContentVolume(pod) {
+		return
+	}
+	msg := ""
+	if err := w.m.refreshVolumes(ctx, pod, w.podIP()); err != nil {
+		msg = err.Error()
+		if msg != w.volErr {
+			w.log.Warn("refresh volumes", "err", err)
+		}
+	}
+	w.volErr = msg
+}
+
+// hasContentVolume reports whether the pod has a volume whose content
+// comes from the store: configMap, secret, downwardAPI or projected.
+func hasContentVolume(pod *corev1.Pod) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func minPositive(a, b time.Duration) time.Duration {

@@ -98,6 +98,8 @@ type harness struct {
 	rt   *runtimetest.Fake
 	m    *agent.PodManager
 	stop func()
+	// refresh, when set before start, is the manager's RefreshVolumes.
+	refresh func(ctx context.Context, pod *corev1.Pod, podIP string) error
 }
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -129,7 +131,7 @@ func (h *harness) start() {
 		NodeName: "n1", HostIP: "192.0.2.10", ClusterDNS: "10.96.0.10", ClusterDomain: "cluster.local",
 		PodsDir: filepath.Join(h.dir, "pods"), LogDir: filepath.Join(h.dir, "logs"),
 	}
-	deps := agent.PodDeps{Runtime: h.rt, Rand: func(int64) int64 { return 0 }}
+	deps := agent.PodDeps{Runtime: h.rt, Rand: func(int64) int64 { return 0 }, RefreshVolumes: h.refresh}
 	h.m = agent.NewPodManager(cfg, deps, h.st, h.clk, slog.New(slog.NewTextHandler(h.t.Output(), nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -751,4 +753,44 @@ func TestPodAddedBackWhileBeingRemovedRunsAgain(t *testing.T) {
 	h.eventually("pod desired again", func() bool { _, ok := h.m.Views()[string(p.UID)]; return ok })
 	close(release)
 	h.eventually("app created and running again", func() bool { return h.count("create ") == 2 && h.running(id(p, "app", 0)) })
+}
+
+// An edited config map never reached a running container: volumes were
+// written only when a container started. Now a store change refreshes the
+// content volumes of a running pod, and of no other.
+func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
+	h := newHarness(t)
+	var mu sync.Mutex
+	refreshed := map[string]int{}
+	h.refresh = func(_ context.Context, pod *corev1.Pod, _ string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		refreshed[pod.Name]++
+		return nil
+	}
+	count := func(name string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return refreshed[name]
+	}
+	withCM := newPod("conf", corev1.RestartPolicyAlways, ctr("app"))
+	withCM.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}}}
+	plain := newPod("plain", corev1.RestartPolicyAlways, ctr("app"))
+	h.put(withCM, plain)
+	h.start()
+	h.synced(0, "both pods running", func() bool { return h.phase(withCM) == corev1.PodRunning && h.phase(plain) == corev1.PodRunning })
+
+	before := count("conf")
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "app"}, Data: map[string]string{"k": "v2"}}
+	if err := h.st.ConfigMaps().Put(store.SourceStatic, cm); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the running pod's volumes refreshed after the config map changed", func() bool { return count("conf") > before })
+	if n := count("plain"); n != 0 {
+		t.Fatalf("pod without content volumes refreshed %d times", n)
+	}
+	if n := h.count("create "); n != 2 {
+		t.Fatalf("%d creates, want 2 (no container restarted): %q", n, h.rt.Calls())
+	}
 }

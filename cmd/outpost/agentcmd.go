@@ -106,6 +106,10 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 				}
 				return volume.Mounts(pod, c, vs)
 			},
+			RefreshVolumes: func(ctx context.Context, pod *corev1.Pod, podIP string) error {
+				_, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP})
+				return err
+			},
 			TeardownVolumes: vols.Teardown,
 		}
 		nw, natLoop, err := newPodNetwork(ctx, cfg, st, log)

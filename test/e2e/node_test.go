@@ -286,18 +286,35 @@ func dialInNetns(nsPath, addr string) (net.Conn, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		// The thread goes back to its own namespace and is unlocked: a
+		// thread that exits while locked may be the one that started an
+		// agent, whose Pdeathsig then kills it. Only when the way back
+		// fails does the thread stay locked, and exit with the goroutine.
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		defer orig.Close()
 		ns, err := netns.GetFromPath(nsPath)
 		if err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{nil, err}
 			return
 		}
 		defer ns.Close()
 		if err := netns.Set(ns); err != nil {
+			if netns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
 			ch <- result{nil, err}
 			return
 		}
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
 		ch <- result{c, err}
 	}()
 	r := <-ch
