@@ -29,7 +29,7 @@ func goList(t *testing.T, goos, goarch string, patterns ...string) []pkg {
 	args := append([]string{"list", "-deps", "-f", `{{.ImportPath}}|{{.Standard}}|{{join .Imports ","}}`}, patterns...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0", "GOFLAGS=-mod=mod -buildvcs=false")
 	out, err := cmd.Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {

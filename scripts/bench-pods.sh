@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Pod benchmarks (root): 30 pods on a private containerd, the agent in a
+# network namespace of its own. Prints
+#   - cold start: agent start → all 30 pods running, and ready
+#   - offline reboot: agent, containerd, shims and containers killed,
+#     runtime state and network wiped, no registry → all 30 back
+#   - agent RSS idle with 30 pods, and its CPU over 60 s with readiness
+#     probes every 10 s
+#   - bytes the agent wrote to disk in 60 s of steady state, per hour
+# Usage: scripts/bench-pods.sh [PODS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $(id -u) == 0 ]] || { echo "bench-pods: run as root" >&2; exit 1; }
+PODS=${1:-30}
+TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
+B=$(mktemp -d /tmp/outpost-bench.XXXXXX)
+SOCK=$B/containerd.sock
+NETNS=outpost-bench-$$
+NS=outpost-bench
+CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$B/outpost" ./cmd/outpost
+ctrd_pid= agent=
+kill_all() {
+	[[ -n $agent ]] && kill -9 "$agent" 2>/dev/null && wait "$agent" 2>/dev/null || true
+	agent=
+	for shim in $(pgrep -f -- "-address $SOCK"); do pkill -9 -P "$shim" || true; done
+	pkill -9 -f -- "-address $SOCK" || true
+	[[ -n $ctrd_pid ]] && kill -9 "$ctrd_pid" 2>/dev/null && wait "$ctrd_pid" 2>/dev/null || true
+	ctrd_pid=
+}
+cleanup() {
+	set +e
+	kill_all
+	grep -o " $B/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+	for n in /run/netns/outpost-*; do [[ $n == */$NETNS ]] && continue; [[ -e $n ]] && umount -l "$n" && rm -f "$n"; done
+	ip netns delete "$NETNS" 2>/dev/null
+	rm -rf "$B" "/run/containerd/runc/$NS"
+}
+trap cleanup EXIT
+cat >"$B/containerd.toml" <<EOT
+version = 2
+root = "$B/containerd-root"
+state = "$B/containerd-state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+EOT
+start_containerd() {
+	containerd --config "$B/containerd.toml" --log-level error >>"$B/containerd.log" 2>&1 &
+	ctrd_pid=$!
+	for _ in $(seq 100); do ctr -a "$SOCK" version >/dev/null 2>&1 && return; sleep 0.1; done
+	echo "containerd did not start" >&2; exit 1
+}
+new_netns() {
+	ip netns delete "$NETNS" 2>/dev/null || true
+	ip netns add "$NETNS"
+	ip netns exec "$NETNS" ip link set lo up
+}
+start_containerd
+new_netns
+go run ./test/e2e/env/mkimage -o "$B/image.tar" "amd64=$TOOLS/busybox/amd64/busybox" >/dev/null
+ctr -a "$SOCK" -n "$NS" images import "$B/image.tar" >/dev/null
+mkdir -p "$B/manifests"
+for i in $(seq 1 "$PODS"); do
+	cat >"$B/manifests/p$i.yaml" <<EOT
+apiVersion: v1
+kind: Pod
+metadata: {name: p$i}
+spec:
+  containers:
+  - name: web
+    image: outpost.test/busybox:1.35
+    command: [httpd, -f, -p, "8080", -h, /var/www]
+    readinessProbe:
+      httpGet: {path: /, port: 8080}
+      periodSeconds: 10
+EOT
+done
+cat >"$B/config.yaml" <<EOT
+nodeName: bench
+stateDir: $B/state
+manifestDir: $B/manifests
+logDir: $B/logs
+runDir: $B/run
+containerd: {address: $SOCK, namespace: $NS}
+log: {level: ${BENCH_LOG:-warn}}
+EOT
+start_agent() {
+	nsenter --net=/run/netns/$NETNS "$B/outpost" agent --config "$B/config.yaml" 2>>"$B/agent.log" &
+	agent=$!
+}
+# count_pods WHAT prints how many pods the running agent reports with every
+# container running, or ready.
+count_pods() {
+	"$B/outpost" status -o json --config "$B/config.yaml" 2>/dev/null | python3 -c '
+import json,sys
+try: s=json.load(sys.stdin)
+except ValueError: print(0); sys.exit()
+key=sys.argv[1]
+def ok(c): return c.get("ready") if key=="ready" else bool(c.get("state",{}).get("running"))
+print(sum(1 for p in s["pods"] if p.get("synced") and p["status"].get("containerStatuses") and all(ok(c) for c in p["status"]["containerStatuses"])))' "$1"
+}
+# wait_pods T0 WHAT prints the seconds from T0 until all pods are WHAT.
+wait_pods() {
+	local t0=$1
+	for _ in $(seq 1200); do
+		if [[ $(count_pods "$2") == "$PODS" ]]; then
+			python3 -c "import time; print(f'{time.time()-$t0:.2f}')"
+			return
+		fi
+		sleep 0.05
+	done
+	echo "timeout"
+}
+t0=$(python3 -c 'import time; print(time.time())')
+start_agent
+echo "cold start, $PODS pods running:            $(wait_pods "$t0" running) s"
+echo "cold start, $PODS pods ready:              $(wait_pods "$t0" ready) s (readiness every 10 s; a probe before httpd listens waits a period, as in kubelet)"
+
+sleep 5
+rss() { awk '/VmRSS/ {printf "%.1f MiB", $2/1024}' "/proc/$agent/status"; }
+cpu_ticks() { awk '{print $14+$15}' "/proc/$agent/stat"; }
+wbytes() { awk '/^write_bytes/ {print $2}' "/proc/$agent/io"; }
+c0=$(cpu_ticks); w0=$(wbytes)
+sleep 60
+c1=$(cpu_ticks); w1=$(wbytes)
+hz=$(getconf CLK_TCK)
+echo "agent RSS idle with $PODS pods:               $(rss)"
+echo "agent CPU over 60 s (probes every 10 s):     $(python3 -c "print(f'{($c1-$c0)/$hz/60*100:.2f}')") % of a core"
+echo "agent disk writes, steady state:             $(python3 -c "print(f'{($w1-$w0)*60/1024:.0f}')") KiB per hour"
+
+# Power cut: everything dies at once; /run (containerd state, runc state,
+# network namespaces) is lost; the store and containerd's root stay.
+kill_all
+grep -o " $B/containerd-state/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+rm -rf "$B/containerd-state" "/run/containerd/runc/$NS" "$B/run"
+for n in /run/netns/outpost-*; do [[ $n == */$NETNS ]] && continue; [[ -e $n ]] && umount -l "$n" && rm -f "$n"; done
+new_netns
+start_containerd
+t0=$(python3 -c 'import time; print(time.time())')
+start_agent
+echo "offline reboot, agent start to $PODS running: $(wait_pods "$t0" running) s"
+echo "offline reboot, agent start to $PODS ready:   $(wait_pods "$t0" ready) s"
+sleep 3
+echo "agent RSS after the reboot with $PODS pods:   $(rss)"
