@@ -133,7 +133,7 @@ echo "agent disk writes, steady state:             $(python3 -c "print(f'{($w1-$
 # Power cut: everything dies at once; /run (containerd state, runc state,
 # network namespaces) is lost; the store and containerd's root stay.
 kill_all
-grep -o " $B/containerd-state/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+grep -o " $B/containerd-state/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
 rm -rf "$B/containerd-state" "/run/containerd/runc/$NS" "$B/run"
 for n in /run/netns/outpost-*; do [[ $n == */$NETNS ]] && continue; [[ -e $n ]] && umount -l "$n" && rm -f "$n"; done
 new_netns
