@@ -13,8 +13,8 @@ for t in linux/arm64 linux/arm linux/amd64; do
 done
 CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$tmp/outpost" ./cmd/outpost
 printf 'stateDir: %s/state\nmanifestDir: %s/examples\nnodeName: bench\nlog: {level: warn}\n' "$tmp" "$PWD" >"$tmp/config.yaml"
-"$tmp/outpost" agent --config "$tmp/config.yaml" &
+"$tmp/outpost" agent --record-only --config "$tmp/config.yaml" &
 agent=$!
 for _ in $(seq 100); do [[ -S $tmp/state/outpost.sock ]] && break; sleep 0.1; done
 sleep 2
-echo "agent idle RSS after recording examples/: $(awk '/VmRSS/ {printf "%.1f MiB", $2/1024}' /proc/$agent/status)"
+echo "agent idle RSS, --record-only, examples/ recorded: $(awk '/VmRSS/ {printf "%.1f MiB", $2/1024}' /proc/$agent/status)"

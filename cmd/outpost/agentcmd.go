@@ -150,7 +150,7 @@ func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("containerd %s: %w", cfg.Containerd.Address, errors.Join(err, ctx.Err()))
+			return nil, errors.Join(err, ctx.Err())
 		case <-t.C():
 		}
 		backoff = min(2*backoff, 30*time.Second)
