@@ -8,6 +8,8 @@
 #     probes every 10 s
 #   - bytes the agent wrote to disk in 60 s of steady state, per hour
 # Usage: scripts/bench-pods.sh [PODS]
+# BENCH_LOG=info|debug sets the agent's log level; BENCH_KEEP_LOG=FILE keeps
+# its log (with GODEBUG=gctrace=1 in the environment, the GC trace too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) == 0 ]] || { echo "bench-pods: run as root" >&2; exit 1; }
@@ -30,6 +32,7 @@ kill_all() {
 cleanup() {
 	set +e
 	kill_all
+	[[ -n ${BENCH_KEEP_LOG:-} ]] && cp "$B/agent.log" "$BENCH_KEEP_LOG"
 	grep -o " $B/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
 	for n in /run/netns/outpost-*; do [[ $n == */$NETNS ]] && continue; [[ -e $n ]] && umount -l "$n" && rm -f "$n"; done
 	ip netns delete "$NETNS" 2>/dev/null

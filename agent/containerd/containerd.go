@@ -71,6 +71,28 @@ type Runtime struct {
 	mu       sync.Mutex
 	attached map[string]bool // containers whose output is being copied
 	oom      map[string]bool // containers the kernel OOM-killed
+	// images caches resolved, unpacked images by normalized reference, so
+	// starting many containers of one image (a reboot) reads its config
+	// from the content store once.
+	images map[string]cachedImage
+}
+
+type cachedImage struct {
+	info agent.Image
+	img  containerd.Image
+}
+
+func (r *Runtime) cached(name string) (cachedImage, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.images[name]
+	return c, ok
+}
+
+func (r *Runtime) forget(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.images, name)
 }
 
 var _ agent.Runtime = (*Runtime)(nil)
@@ -94,7 +116,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("containerd %s: %w", cfg.Address, err)
 	}
-	r := &Runtime{cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, oom: map[string]bool{}}
+	r := &Runtime{cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, oom: map[string]bool{}, images: map[string]cachedImage{}}
 	if _, err := r.Version(ctx); err != nil {
 		cl.Close()
 		return nil, err
@@ -135,6 +157,9 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 	if err != nil {
 		return agent.Image{}, err
 	}
+	if c, ok := r.cached(name); ok && policy != corev1.PullAlways {
+		return c.info, nil
+	}
 	img, err := r.client.GetImage(ctx, name)
 	present := err == nil
 	if err != nil && !errdefs.IsNotFound(err) {
@@ -164,19 +189,28 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 	if err != nil {
 		return agent.Image{}, fmt.Errorf("image %s config: %w", name, err)
 	}
-	return agent.Image{
+	info := agent.Image{
 		Ref: name, ID: img.Name() + "@" + img.Target().Digest.String(),
 		Entrypoint: spec.Config.Entrypoint, Cmd: spec.Config.Cmd, Env: spec.Config.Env,
 		WorkingDir: spec.Config.WorkingDir, User: spec.Config.User, StopSignal: spec.Config.StopSignal,
-	}, nil
+	}
+	r.mu.Lock()
+	r.images[name] = cachedImage{info: info, img: img}
+	r.mu.Unlock()
+	return info, nil
 }
 
 // Create creates a container from spec, with a fresh snapshot of its image.
 func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	ctx = r.ctx(ctx)
-	img, err := r.client.GetImage(ctx, s.Image.Ref)
-	if err != nil {
-		return fmt.Errorf("create %s: image %s: %w", s.ID, s.Image.Ref, err)
+	var img containerd.Image
+	if c, ok := r.cached(s.Image.Ref); ok {
+		img = c.img
+	} else {
+		var err error
+		if img, err = r.client.GetImage(ctx, s.Image.Ref); err != nil {
+			return fmt.Errorf("create %s: image %s: %w", s.ID, s.Image.Ref, err)
+		}
 	}
 	labels := map[string]string{}
 	for k, v := range s.Labels {
@@ -239,7 +273,7 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	if sec.ReadOnlyRootfs {
 		opts = append(opts, oci.WithRootFSReadonly())
 	}
-	_, err = r.client.NewContainer(ctx, s.ID,
+	_, err := r.client.NewContainer(ctx, s.ID,
 		containerd.WithContainerLabels(labels),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
 		containerd.WithNewSnapshot(s.ID, img),
@@ -249,6 +283,8 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		return fmt.Errorf("create %s: %w", s.ID, agent.ErrExists)
 	}
 	if err != nil {
+		// The image may have been removed behind our back: look again next time.
+		r.forget(s.Image.Ref)
 		// A snapshot left by a half-finished create would block the retry.
 		if serr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, s.ID); serr != nil && !errdefs.IsNotFound(serr) {
 			r.deps.Log.Debug("remove snapshot after failed create", "container", s.ID, "err", serr)
@@ -746,6 +782,7 @@ func (r *Runtime) ImportFile(ctx context.Context, path string) ([]string, error)
 			return names, fmt.Errorf("import %s: unpack %s: %w", filepath.Base(path), i.Name, err)
 		}
 		names = append(names, i.Name)
+		r.forget(i.Name)
 	}
 	return names, nil
 }

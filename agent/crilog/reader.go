@@ -138,6 +138,17 @@ func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w
 		// A rotation renames the live file: once it is drained, go on with
 		// the file written after it, which may itself be rotated already.
 		if next := nextFile(path, live.f); next != "" {
+			// The file is no longer written: what reached it between the
+			// scan above and the rotation is read before moving on.
+			lines = nil
+			if err := live.scan(emit); err != nil {
+				return err
+			}
+			for _, l := range lines {
+				if _, err := out.Write(l); err != nil {
+					return ignoreLimit(err)
+				}
+			}
 			if f, err := os.Open(next); err == nil {
 				live.f.Close()
 				live = newTailer(f)
