@@ -155,10 +155,12 @@ func listenUnix(path string) (net.Listener, error) {
 // the ones that came with it. A kind that fails does not stop the others.
 func (a *Agent) SyncManifests() error {
 	// Re-parse only when a manifest file changed: the directory is looked
-	// at every second, so an edit shows within 2 s at almost no cost.
+	// at every second, so an edit shows within 2 s at almost no cost. An
+	// edit that keeps a file's size within one mtime tick would not show
+	// in the fingerprint, so every fullResync the files are read anyway.
 	print := manifestFingerprint(a.cfg.ManifestDir)
 	a.mu.Lock()
-	unchanged := print == a.manifestPrint
+	unchanged := print == a.manifestPrint && a.deps.Clock.Since(a.lastSync) < fullResync
 	a.mu.Unlock()
 	if unchanged {
 		return nil
@@ -224,6 +226,10 @@ func replaceStatic[T any, P interface {
 	changed, err = c.Replace(store.SourceStatic, fresh)
 	return changed, len(fresh), err
 }
+
+// fullResync is how often the manifests are re-read even when their
+// fingerprint is unchanged, as kubelet's file source resyncs every 20 s.
+const fullResync = 20 * time.Second
 
 // manifestFingerprint sums the names, sizes, modification times and
 // inodes of the manifest files.

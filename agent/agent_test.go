@@ -147,3 +147,30 @@ func TestRunServesStatusAndFollowsManifests(t *testing.T) {
 		t.Fatalf("pods = %v", got)
 	}
 }
+
+// An edit that keeps a file's size and lands within the same mtime tick
+// does not change the fingerprint; the periodic full resync still finds it.
+func TestSyncManifestsFullResyncCatchesSameSizeEdit(t *testing.T) {
+	f := newFixture(t)
+	path := filepath.Join(f.dir, "web.yaml")
+	f.write(t, "web.yaml", pod("web", "busybox:1"))
+	if err := f.agent.SyncManifests(); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(path)
+	f.write(t, "web.yaml", pod("web", "busybox:2")) // same size
+	os.Chtimes(path, st.ModTime(), st.ModTime())    // same mtime
+	if err := f.agent.SyncManifests(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.podImages(t)["web-n1"]; got != "busybox:1" {
+		t.Fatalf("image = %s before the full resync; the fingerprint should have hidden the edit", got)
+	}
+	f.clock.Advance(fullResync)
+	if err := f.agent.SyncManifests(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.podImages(t)["web-n1"]; got != "busybox:2" {
+		t.Fatalf("image = %s after the full resync, want busybox:2", got)
+	}
+}
