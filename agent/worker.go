@@ -437,6 +437,18 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 		w.setWaiting(c.Name, "RunContainerError", err.Error())
 		return 5 * time.Second
 	}
+	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
+		// As kubelet: the container is not started until its postStart hook
+		// returns, and a failed hook kills it (then the restart policy).
+		if err := w.runHook(ctx, c, c.Lifecycle.PostStart, spec.ID); err != nil {
+			w.log.Warn("postStart hook failed; killing the container", "container", c.Name, "err", err)
+			w.m.events.record(pod, "Warning", "FailedPostStartHook", fmt.Sprintf("PostStartHook failed: %v", err))
+			if serr := w.m.rt.Stop(ctx, spec.ID, 2*time.Second); serr != nil {
+				w.log.Warn("stop container", "id", spec.ID, "err", serr)
+			}
+			return time.Millisecond
+		}
+	}
 	w.clearWaiting(c.Name)
 	w.log.Info("container started", "container", c.Name, "attempt", attempt, "id", spec.ID)
 	w.m.events.record(pod, "Normal", "Started", "Started container "+c.Name)
@@ -610,12 +622,13 @@ func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
 	}
 	start := w.m.clock.Now()
-	if c != nil && c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Exec != nil {
+	if c != nil && c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
 		hctx, cancel := context.WithTimeout(ctx, grace)
-		code, out, err := w.m.rt.Exec(hctx, running.ID, c.Lifecycle.PreStop.Exec.Command)
+		err := w.runHook(hctx, c, c.Lifecycle.PreStop, running.ID)
 		cancel()
-		if err != nil || code != 0 {
-			w.log.Warn("preStop hook failed", "container", c.Name, "exit", code, "output", string(out), "err", err)
+		if err != nil {
+			w.log.Warn("preStop hook failed", "container", c.Name, "err", err)
+			w.m.events.record(pod, "Warning", "FailedPreStopHook", fmt.Sprintf("PreStopHook failed: %v", err))
 		}
 		grace = max(grace-w.m.clock.Since(start), 2*time.Second)
 	}

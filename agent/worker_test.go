@@ -794,3 +794,44 @@ func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
 		t.Fatalf("%d creates, want 2 (no container restarted): %q", n, h.rt.Calls())
 	}
 }
+
+// A failing postStart hook kills the container, records FailedPostStartHook
+// and the restart policy brings it back after the backoff; a succeeding
+// hook leaves it running.
+func TestPostStartHook(t *testing.T) {
+	h := newHarness(t)
+	var mu sync.Mutex
+	fail := true
+	h.rt.SetExec(func(_ context.Context, _ string, cmd []string) (int, []byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(cmd) > 0 && cmd[0] == "poststart" && fail {
+			return 1, []byte("not yet"), nil
+		}
+		return 0, nil, nil
+	})
+	c := ctr("app")
+	c.Lifecycle = &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"poststart"}}}}
+	p := newPod("hooked", corev1.RestartPolicyAlways, c)
+	h.put(p)
+	h.start()
+	h.synced(0, "first attempt killed by its hook", func() bool {
+		c, ok := h.rt.Container(id(p, "app", 0))
+		return ok && c.State == agent.StateExited
+	})
+	h.eventually("FailedPostStartHook event", func() bool {
+		for _, v := range h.m.Views() {
+			for _, e := range v.Events {
+				if e.Reason == "FailedPostStartHook" && strings.Contains(e.Message, "exit code 1") {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	h.advance(10 * time.Second)
+	h.eventually("second attempt running", func() bool { return h.running(id(p, "app", 1)) })
+}
