@@ -71,6 +71,10 @@ const (
 	LabelLogPath      = "io.outpost.container.log"
 	LabelStartedAt    = "io.outpost.container.started"
 	LabelImageRef     = "io.outpost.container.image"
+	// LabelGracePeriod keeps the pod's termination grace period in
+	// seconds, so a container whose pod is gone (removed while the agent
+	// was down) still stops with it.
+	LabelGracePeriod = "io.outpost.pod.grace-period"
 )
 
 // ContainerSpec is everything the runtime needs to create a container.

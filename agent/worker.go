@@ -556,6 +556,7 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		Labels: map[string]string{
 			LabelPodUID: w.uid, LabelPodNamespace: pod.Namespace, LabelPodName: pod.Name,
 			LabelContainer: c.Name, LabelAttempt: strconv.Itoa(attempt), LabelInit: strconv.FormatBool(isInit),
+			LabelGracePeriod: strconv.FormatInt(gracePeriod(pod), 10),
 		},
 		Image: img, Args: args, Env: env, WorkingDir: c.WorkingDir, Hostname: hostname,
 		Mounts: mounts, NetNSPath: w.netns,
@@ -610,6 +611,14 @@ func (w *worker) mounts(ctx context.Context, pod *corev1.Pod, c *corev1.Containe
 	return out, nil
 }
 
+// gracePeriod is the pod's termination grace period in seconds.
+func gracePeriod(pod *corev1.Pod) int64 {
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		return *pod.Spec.TerminationGracePeriodSeconds
+	}
+	return corev1.DefaultTerminationGracePeriodSeconds
+}
+
 // stopContainer runs the preStop hook (exec) and stops the container with
 // the pod's grace period. It leaves the container's probes to the caller:
 // terminate stops containers in parallel.
@@ -617,6 +626,9 @@ func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	grace := 30 * time.Second
 	if pod.Spec.TerminationGracePeriodSeconds != nil {
 		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	} else if v, err := strconv.ParseInt(running.Labels[LabelGracePeriod], 10, 64); err == nil && v >= 0 {
+		// The pod is gone and its spec with it: the label kept the period.
+		grace = time.Duration(v) * time.Second
 	}
 	if pod.DeletionGracePeriodSeconds != nil {
 		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second

@@ -589,6 +589,8 @@ func TestDeletedPodRunsPreStopThenStopsAndRemovesContainers(t *testing.T) {
 func TestOrphanContainersAreRemovedAtStart(t *testing.T) {
 	h := newHarness(t)
 	p := newPod("orphan", corev1.RestartPolicyAlways, ctr("app"))
+	grace := int64(7)
+	p.Spec.TerminationGracePeriodSeconds = &grace
 	h.put(p)
 	h.start()
 	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
@@ -599,8 +601,9 @@ func TestOrphanContainersAreRemovedAtStart(t *testing.T) {
 	}
 	h.start()
 	h.eventually("orphan removed", func() bool { return h.rt.Dump() == "" })
-	if !slices.Contains(h.rt.Calls(), "stop "+id(p, "app", 0)+" 30s") {
-		t.Errorf("orphan not stopped: %q", h.rt.Calls())
+	// The pod's spec is gone; its grace period came from the container's label.
+	if !slices.Contains(h.rt.Calls(), "stop "+id(p, "app", 0)+" 7s") {
+		t.Errorf("orphan not stopped with the pod's 7 s grace period: %q", h.rt.Calls())
 	}
 }
 
