@@ -458,3 +458,53 @@ spec:
 		t.Fatalf("marker file %q, want the preStop hook's line then the SIGTERM trap's", b)
 	}
 }
+
+// TestE2EStartupProbeGatesLiveness runs a container that takes 4 s to
+// start, with a liveness probe that fails until then: the startup probe
+// holds liveness and readiness back, so the container is never restarted,
+// and it becomes started and ready only after its startup probe passes.
+func TestE2EStartupProbeGatesLiveness(t *testing.T) {
+	n := newNode(t, "e2e-startup")
+	n.write("slow.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: slow}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: `+env.TestImage+`
+    command: [sh, -c, 'sleep 4; touch /tmp/started; while true; do sleep 1; done']
+    startupProbe:
+      exec: {command: [test, -f, /tmp/started]}
+      periodSeconds: 1
+      failureThreshold: 30
+    livenessProbe:
+      exec: {command: [test, -f, /tmp/started]}
+      periodSeconds: 1
+      failureThreshold: 1
+    readinessProbe:
+      exec: {command: ["true"]}
+      periodSeconds: 1
+`)
+	n.start()
+	early := n.waitPod("slow-e2e-startup", 30*time.Second, "running, not yet started", func(p *agent.PodInfo) bool {
+		c := p.Status.ContainerStatuses[0]
+		return c.State.Running != nil && c.Started != nil && !*c.Started
+	})
+	if c := early.Status.ContainerStatuses[0]; c.Ready {
+		t.Fatalf("ready before the startup probe passed: %+v", c)
+	}
+	late := n.waitPod("slow-e2e-startup", 30*time.Second, "started and ready", func(p *agent.PodInfo) bool {
+		c := p.Status.ContainerStatuses[0]
+		return c.Started != nil && *c.Started && c.Ready
+	})
+	if c := late.Status.ContainerStatuses[0]; c.RestartCount != 0 {
+		t.Fatalf("liveness ran before startup passed: restart count %d", c.RestartCount)
+	}
+	// Liveness now runs and keeps passing.
+	time.Sleep(3 * time.Second)
+	after := n.waitPod("slow-e2e-startup", 10*time.Second, "still running", running)
+	if c := after.Status.ContainerStatuses[0]; c.RestartCount != 0 {
+		t.Fatalf("restart count %d after startup, want 0", c.RestartCount)
+	}
+}
