@@ -18,6 +18,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	ctrd "github.com/outpost-edge/outpost/agent/containerd"
+	"github.com/outpost-edge/outpost/agent/crilog"
 	"github.com/outpost-edge/outpost/agent/podenv"
 	"github.com/outpost-edge/outpost/agent/volume"
 	"github.com/outpost-edge/outpost/arm"
@@ -138,6 +139,7 @@ func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log
 		rt, err := ctrd.New(cctx, ctrd.Config{
 			Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 			FIFODir: filepath.Join(cfg.RunDir, "fifo"),
+			Log:     crilog.Options{MaxBytes: cfg.ContainerLogMaxBytes(), MaxFiles: cfg.ContainerLogMaxFiles},
 		}, ctrd.Deps{Clock: clk, Log: log})
 		cancel()
 		if err == nil {

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/outpost-edge/outpost/internal/yamlcheck"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -32,6 +33,12 @@ type Config struct {
 	// RunDir holds runtime files that must not outlive a reboot: the
 	// FIFOs between containers and the agent.
 	RunDir string `json:"runDir"`
+	// ContainerLogMaxSize rotates a container's log file at this size
+	// (a quantity, as kubelet's containerLogMaxSize).
+	ContainerLogMaxSize string `json:"containerLogMaxSize"`
+	// ContainerLogMaxFiles is how many files of a container's log are
+	// kept, the live one included.
+	ContainerLogMaxFiles int `json:"containerLogMaxFiles"`
 	// Kubeconfig points at the API server; empty runs standalone.
 	Kubeconfig string `json:"kubeconfig"`
 	// Containerd says which containerd to drive.
@@ -89,7 +96,10 @@ func Default() Config {
 		ImageDir:    "/var/lib/outpost/images",
 		LogDir:      "/var/log/pods",
 		RunDir:      "/run/outpost",
-		Containerd:  Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost"},
+
+		ContainerLogMaxSize:  "10Mi",
+		ContainerLogMaxFiles: 5,
+		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost"},
 		Network: Network{
 			PodCIDR:       "10.42.0.0/24",
 			ServiceCIDR:   "10.43.0.0/16",
@@ -99,6 +109,16 @@ func Default() Config {
 		Server: Server{Address: ":10250"},
 		Log:    Log{Level: "info", Format: "text"},
 	}
+}
+
+// ContainerLogMaxBytes returns ContainerLogMaxSize in bytes (valid after
+// Load or Parse).
+func (c Config) ContainerLogMaxBytes() int64 {
+	q, err := resource.ParseQuantity(c.ContainerLogMaxSize)
+	if err != nil {
+		return 0
+	}
+	return q.Value()
 }
 
 // StorePath returns the store file's path.
@@ -181,6 +201,12 @@ func (c Config) validate(name string) error {
 		if !filepath.IsAbs(f.val) {
 			bad(f.name, "%q is not an absolute path", f.val)
 		}
+	}
+	if q, err := resource.ParseQuantity(c.ContainerLogMaxSize); err != nil || q.Value() < 1024 {
+		bad("containerLogMaxSize", "%q is not a size of at least 1Ki (such as 10Mi)", c.ContainerLogMaxSize)
+	}
+	if c.ContainerLogMaxFiles < 2 {
+		bad("containerLogMaxFiles", "%d is less than 2", c.ContainerLogMaxFiles)
 	}
 	if c.Kubeconfig != "" && !filepath.IsAbs(c.Kubeconfig) {
 		bad("kubeconfig", "%q is not an absolute path", c.Kubeconfig)

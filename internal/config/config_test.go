@@ -43,6 +43,8 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		{"nodeName: [a]\n", "config.yaml: nodeName: want a string, got a list (line 1)"},
 		{"a: [\n", "config.yaml: "},
 		{"a: 1\n---\nb: 2\n", "config.yaml: holds more than one YAML document"},
+		{"containerLogMaxSize: lots\n", `config.yaml: containerLogMaxSize: "lots" is not a size of at least 1Ki (such as 10Mi)`},
+		{"containerLogMaxFiles: 1\n", "config.yaml: containerLogMaxFiles: 1 is less than 2"},
 	}
 	for _, tt := range tests {
 		_, err := Parse("config.yaml", []byte(tt.src))

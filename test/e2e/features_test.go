@@ -508,3 +508,44 @@ spec:
 		t.Fatalf("restart count %d after startup, want 0", c.RestartCount)
 	}
 }
+
+// TestE2ELogRotation has a container write about 200 KiB of output with
+// containerLogMaxSize 16Ki and containerLogMaxFiles 3: the log is rotated,
+// at most two rotated files are kept beside the live one, and
+// `outpost logs` still ends with the last line written.
+func TestE2ELogRotation(t *testing.T) {
+	n := newNode(t, "e2e-logrot")
+	f, err := os.OpenFile(n.cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "containerLogMaxSize: 16Ki\ncontainerLogMaxFiles: 3\n")
+	f.Close()
+	n.write("chatty.yaml", podManifest("chatty", "Never",
+		`for i in $(seq 1 2000); do echo "line $i xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; done; echo done-writing`))
+	n.start()
+	n.waitPod("chatty-e2e-logrot", 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
+	dirs, _ := filepath.Glob(filepath.Join(n.dir, "logs", "default_chatty-e2e-logrot_*", "main"))
+	if len(dirs) != 1 {
+		t.Fatalf("log dirs %v", dirs)
+	}
+	files, _ := filepath.Glob(filepath.Join(dirs[0], "0.log*"))
+	var total int64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += st.Size()
+	}
+	if len(files) < 2 || len(files) > 3 {
+		t.Fatalf("log files %v: want the live one and 1 or 2 rotated", files)
+	}
+	if total > 3*(16<<10+512) {
+		t.Fatalf("logs take %d bytes, more than 3 files of 16 KiB", total)
+	}
+	out, err := n.outpost("logs", "chatty-e2e-logrot", "--tail", "2")
+	if err != nil || out != "line 2000 xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\ndone-writing\n" {
+		t.Fatalf("logs --tail 2: %v: %q", err, out)
+	}
+}
