@@ -273,14 +273,26 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	if sec.ReadOnlyRootfs {
 		opts = append(opts, oci.WithRootFSReadonly())
 	}
-	_, err := r.client.NewContainer(ctx, s.ID,
-		containerd.WithContainerLabels(labels),
-		containerd.WithSnapshotter(r.cfg.Snapshotter),
-		containerd.WithNewSnapshot(s.ID, img),
-		containerd.WithNewSpec(opts...),
-	)
+	newContainer := func() error {
+		_, err := r.client.NewContainer(ctx, s.ID,
+			containerd.WithContainerLabels(labels),
+			containerd.WithSnapshotter(r.cfg.Snapshotter),
+			containerd.WithNewSnapshot(s.ID, img),
+			containerd.WithNewSpec(opts...),
+		)
+		return err
+	}
+	err := newContainer()
 	if errdefs.IsAlreadyExists(err) {
-		return fmt.Errorf("create %s: %w", s.ID, agent.ErrExists)
+		if _, lerr := r.client.LoadContainer(ctx, s.ID); lerr == nil {
+			return fmt.Errorf("create %s: %w", s.ID, agent.ErrExists)
+		}
+		// No container, so what exists is the snapshot of a create that
+		// was cut short (the agent killed mid-way): drop it and try again.
+		if serr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, s.ID); serr != nil && !errdefs.IsNotFound(serr) {
+			return fmt.Errorf("create %s: remove leftover snapshot: %w", s.ID, serr)
+		}
+		err = newContainer()
 	}
 	if err != nil {
 		// The image may have been removed behind our back: look again next time.
