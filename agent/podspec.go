@@ -43,49 +43,6 @@ func processArgs(c *corev1.Container, img Image) []string {
 	}
 }
 
-// expand replaces $(VAR) with values from env (NAME=value list), as
-// kubelet does for command and args; $$ escapes a dollar and an unknown
-// reference stays as written.
-func expand(s string, env map[string]string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '$' || i+1 >= len(s) {
-			b.WriteByte(s[i])
-			continue
-		}
-		switch s[i+1] {
-		case '$':
-			b.WriteByte('$')
-			i++
-		case '(':
-			end := strings.IndexByte(s[i+2:], ')')
-			if end < 0 {
-				b.WriteString(s[i:])
-				return b.String()
-			}
-			name := s[i+2 : i+2+end]
-			if v, ok := env[name]; ok {
-				b.WriteString(v)
-			} else {
-				b.WriteString(s[i : i+3+end])
-			}
-			i += 2 + end
-		default:
-			b.WriteByte('$')
-		}
-	}
-	return b.String()
-}
-
-func envMap(env []string) map[string]string {
-	m := make(map[string]string, len(env))
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	return m
-}
-
 // QoSClass computes a pod's QoS class from its containers' requests and
 // limits of cpu and memory.
 func QoSClass(p *corev1.Pod) corev1.PodQOSClass {

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/outpost-edge/outpost/agent/podenv"
 	"github.com/outpost-edge/outpost/agent/prober"
 	"github.com/outpost-edge/outpost/store"
 )
@@ -538,10 +539,10 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	if err != nil {
 		return ContainerSpec{}, err
 	}
-	vars := envMap(env)
+	vars := podenv.Lookup(env)
 	args := processArgs(c, img)
 	for i := range args {
-		args[i] = expand(args[i], vars)
+		args[i] = podenv.Expand(args[i], vars)
 	}
 	id := containerID(w.uid, c.Name, attempt)
 	hostname := pod.Name
