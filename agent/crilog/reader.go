@@ -114,40 +114,42 @@ func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w
 	if opts.TailLines >= 0 && int64(len(lines)) > opts.TailLines {
 		lines = lines[int64(len(lines))-opts.TailLines:]
 	}
-	for _, l := range lines {
-		if _, err := out.Write(l); err != nil {
-			return ignoreLimit(err)
+	write := func() error {
+		for _, l := range lines {
+			if _, err := out.Write(l); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	if err := write(); err != nil {
+		return ignoreLimit(err)
 	}
 	if !opts.Follow || live == nil {
 		return nil
+	}
+	// drain writes the lines the live file gained since the last look.
+	drain := func() error {
+		lines = nil
+		if err := live.scan(emit); err != nil {
+			return err
+		}
+		return write()
 	}
 	defer func() { live.f.Close() }()
 	tick := clk.NewTicker(opts.Poll)
 	defer tick.Stop()
 	for {
-		lines = nil
-		if err := live.scan(emit); err != nil {
-			return err
-		}
-		for _, l := range lines {
-			if _, err := out.Write(l); err != nil {
-				return ignoreLimit(err)
-			}
+		if err := drain(); err != nil {
+			return ignoreLimit(err)
 		}
 		// A rotation renames the live file: once it is drained, go on with
 		// the file written after it, which may itself be rotated already.
 		if next := nextFile(path, live.f); next != "" {
 			// The file is no longer written: what reached it between the
 			// scan above and the rotation is read before moving on.
-			lines = nil
-			if err := live.scan(emit); err != nil {
-				return err
-			}
-			for _, l := range lines {
-				if _, err := out.Write(l); err != nil {
-					return ignoreLimit(err)
-				}
+			if err := drain(); err != nil {
+				return ignoreLimit(err)
 			}
 			if f, err := os.Open(next); err == nil {
 				live.f.Close()
