@@ -130,6 +130,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// WakePods makes every pod worker look at its pod now instead of at its
+// next deadline, as after new images were imported: a pod waiting for an
+// image that is now present (ErrImageNeverPull, ImagePullBackOff) starts
+// at once. It does nothing when the agent runs no pods.
+func (a *Agent) WakePods() {
+	if a.pods != nil {
+		a.pods.wakeAll()
+	}
+}
+
 // listenUnix listens on path, replacing a stale socket. Only one agent can
 // hold the store, so a socket file left behind is never in use.
 func listenUnix(path string) (net.Listener, error) {
@@ -153,6 +163,12 @@ func listenUnix(path string) (net.Listener, error) {
 // a typo never stops a running pod; a deleted file removes its objects.
 // Config maps and secrets are recorded before pods, so a new pod finds
 // the ones that came with it. A kind that fails does not stop the others.
+//
+// A pod whose metadata is good but whose spec is bad is recorded as
+// invalid: it shows as Failed with reason InvalidPod and is never run,
+// and the other pods of its file are recorded as usual. When the store
+// holds a good version of that pod from the same file, that one is kept
+// instead, as an API server keeps a pod whose update it rejects.
 func (a *Agent) SyncManifests() error {
 	// Re-parse only when a manifest file changed: the directory is looked
 	// at every second, so an edit shows within 2 s at almost no cost. An
@@ -169,16 +185,27 @@ func (a *Agent) SyncManifests() error {
 	if err != nil {
 		return err
 	}
+	st := a.deps.Store
+	var errs []error
+	pods, kept, podsErr := keepGoodPods(st.Pods().List, m.Pods)
+	if podsErr != nil {
+		errs = append(errs, fmt.Errorf("read stored pods: %w", podsErr))
+	}
 	badFiles := map[string]bool{}
 	var msgs []string
 	for _, e := range m.Errors {
 		badFiles[e.File] = true
 		msgs = append(msgs, e.Error())
 	}
+	for _, e := range m.Invalid {
+		if kept[store.Key(e.Pod.Namespace, e.Pod.Name)] {
+			msgs = append(msgs, e.Error()+" [the last good version of the pod is kept]")
+		} else {
+			msgs = append(msgs, e.Error()+" [pod recorded as Failed, reason "+ReasonInvalidPod+"; not run]")
+		}
+	}
 	a.noteManifestErrors(msgs)
 
-	st := a.deps.Store
-	var errs []error
 	n, total, err := replaceStatic(st.ConfigMaps(), badFiles, m.ConfigMaps)
 	errs = append(errs, err)
 	if n > 0 {
@@ -189,10 +216,12 @@ func (a *Agent) SyncManifests() error {
 	if n > 0 {
 		a.deps.Log.Info("static secrets recorded", "changed", n, "secrets", total)
 	}
-	n, total, err = replaceStatic(st.Pods(), badFiles, m.Pods)
-	errs = append(errs, err)
-	if n > 0 {
-		a.deps.Log.Info("static pods recorded", "changed", n, "pods", total)
+	if podsErr == nil {
+		n, total, err = replaceStatic(st.Pods(), badFiles, pods)
+		errs = append(errs, err)
+		if n > 0 {
+			a.deps.Log.Info("static pods recorded", "changed", n, "pods", total)
+		}
 	}
 	n, total, err = replaceStatic(st.Services(), badFiles, m.Services)
 	errs = append(errs, err)
@@ -267,10 +296,44 @@ func (a *Agent) noteManifestErrors(msgs []string) {
 	}
 	for _, m := range msgs {
 		if !slices.Contains(a.manifestErrors, m) {
-			a.deps.Log.Warn("bad manifest; objects already recorded from this file are kept", "problem", m)
+			a.deps.Log.Warn("bad manifest", "problem", m)
 		}
 	}
 	a.manifestErrors = msgs
+}
+
+// keepGoodPods returns fresh with each invalid pod replaced by the good
+// pod of the same namespace and name that the store holds from the same
+// manifest file, if there is one, and the store keys of the pods so kept.
+// The store is read only when there is an invalid pod.
+func keepGoodPods(list func() ([]store.Record[*corev1.Pod], error), fresh []*corev1.Pod) ([]*corev1.Pod, map[string]bool, error) {
+	out := slices.Clone(fresh)
+	kept := map[string]bool{}
+	var stored map[string]*corev1.Pod
+	for i, p := range out {
+		if _, invalid := staticpods.Invalid(p); !invalid {
+			continue
+		}
+		if stored == nil {
+			recs, err := list()
+			if err != nil {
+				return nil, nil, err
+			}
+			stored = map[string]*corev1.Pod{}
+			for _, r := range recs {
+				if r.Source == store.SourceStatic {
+					stored[store.Key(r.Object.Namespace, r.Object.Name)] = r.Object
+				}
+			}
+		}
+		key := store.Key(p.Namespace, p.Name)
+		old, ok := stored[key]
+		if _, oldInvalid := staticpods.Invalid(old); ok && !oldInvalid && old.Annotations[staticpods.AnnotationFile] == p.Annotations[staticpods.AnnotationFile] {
+			out[i] = old
+			kept[key] = true
+		}
+	}
+	return out, kept, nil
 }
 
 type annotated interface {

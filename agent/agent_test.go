@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -85,7 +84,7 @@ func TestSyncManifestsKeepsLastGoodVersionOfABrokenFile(t *testing.T) {
 		t.Fatalf("bad edit lost the running pod: %v", got)
 	}
 	s, _ := f.agent.Status()
-	if len(s.Agent.ManifestErrors) != 1 || !strings.Contains(s.Agent.ManifestErrors[0], "web.yaml: document 1 (Pod): spec.containers[0].imag: unknown field") {
+	if len(s.Agent.ManifestErrors) != 1 || s.Agent.ManifestErrors[0] != "web.yaml: document 1 (Pod web): spec.containers[0].imag: unknown field (line 4) [the last good version of the pod is kept]" {
 		t.Fatalf("manifest errors = %q", s.Agent.ManifestErrors)
 	}
 	// A deleted file removes its pod.

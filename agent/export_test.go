@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/store"
 )
@@ -26,8 +28,14 @@ func (m *podManager) Run(ctx context.Context) { m.run(ctx) }
 // Views is views.
 func (m *podManager) Views() map[string]PodView { return m.views() }
 
+// WakeAll is wakeAll.
+func (m *podManager) WakeAll() { m.wakeAll() }
+
 // Events returns the pod events kept for uid.
 func (m *podManager) Events(uid string) []Event { return m.events.list(uid) }
+
+// PullPolicy is pullPolicy.
+func PullPolicy(c *corev1.Container) corev1.PullPolicy { return pullPolicy(c) }
 
 // ContainerID is containerID.
 func ContainerID(podUID, name string, attempt int) string { return containerID(podUID, name, attempt) }

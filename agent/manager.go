@@ -215,6 +215,15 @@ func (m *podManager) startWorker(ctx context.Context, p *corev1.Pod) *worker {
 	return w
 }
 
+// wakeAll makes every worker sync now.
+func (m *podManager) wakeAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, w := range m.workers {
+		w.poke()
+	}
+}
+
 func (m *podManager) wakeByContainer(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -8,10 +8,48 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/outpost-edge/outpost/agent/staticpods"
 )
 
 // JournalKey is the journal key of a pod's status.
 func JournalKey(namespace, name string) string { return "pod/" + namespace + "/" + name }
+
+// ReasonInvalidPod is the status reason of a pod whose manifest has a bad
+// spec (see staticpods.AnnotationInvalid). Like a pod kubelet rejects at
+// admission, it is Failed from the start and never run: no sandbox, no
+// image pull, no container. Its status message names every bad field.
+const ReasonInvalidPod = "InvalidPod"
+
+// rejected reports whether pod is invalid and, if so, records it as
+// Failed with the reason and message, once per change, and journals its
+// status. The worker then does nothing else for it.
+func (w *worker) rejected(pod *corev1.Pod) bool {
+	msg, invalid := staticpods.Invalid(pod)
+	if !invalid {
+		return false
+	}
+	if w.getState() != LifecycleFailed {
+		w.log.Warn("pod rejected: invalid spec", "reason", ReasonInvalidPod, "msg", msg)
+		w.m.events.record(pod, "Warning", ReasonInvalidPod, msg)
+	}
+	w.setState(LifecycleFailed)
+	w.report(pod, nil)
+	return true
+}
+
+// invalidStatus is the status of an invalid pod: Failed, with the reason
+// and message kubelet gives a pod it rejects, and no container statuses.
+func invalidStatus(pod *corev1.Pod, msg, hostIP string) corev1.PodStatus {
+	st := corev1.PodStatus{
+		Phase: corev1.PodFailed, Reason: ReasonInvalidPod, Message: msg,
+		QOSClass: QoSClass(pod), HostIP: hostIP,
+	}
+	if hostIP != "" {
+		st.HostIPs = []corev1.HostIP{{IP: hostIP}}
+	}
+	return st
+}
 
 // report computes the pod's status like kubelet and, when it changed,
 // writes it to the journal. Only transitions reach the disk.
@@ -37,6 +75,15 @@ func (w *worker) report(pod *corev1.Pod, byName map[string]attempts) {
 }
 
 func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) corev1.PodStatus {
+	if msg, invalid := staticpods.Invalid(pod); invalid {
+		st := invalidStatus(pod, msg, w.m.cfg.HostIP)
+		now := metav1.NewTime(w.m.clock.Now().Truncate(1e9))
+		st.Conditions = []corev1.PodCondition{{
+			Type: corev1.PodScheduled, Status: corev1.ConditionTrue,
+			LastTransitionTime: w.transitionTime(corev1.PodScheduled, corev1.ConditionTrue, now),
+		}}
+		return st
+	}
 	st := corev1.PodStatus{QOSClass: QoSClass(pod), HostIP: w.m.cfg.HostIP}
 	if w.m.cfg.HostIP != "" {
 		st.HostIPs = []corev1.HostIP{{IP: w.m.cfg.HostIP}}

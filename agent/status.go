@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outpost-edge/outpost/agent/staticpods"
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/store"
 	corev1 "k8s.io/api/core/v1"
@@ -98,9 +99,15 @@ func ReadStatus(st *store.Store) (Status, error) {
 	pods, err := st.Pods().List()
 	for _, r := range pods {
 		p := r.Object
+		status := journaled[string(p.UID)]
+		if msg, invalid := staticpods.Invalid(p); invalid && status == nil {
+			// Never run, so its status is known without a worker.
+			st := invalidStatus(p, msg, "")
+			status = &st
+		}
 		s.Pods = append(s.Pods, PodInfo{
 			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Source: r.Source.String(),
-			Containers: len(p.Spec.Containers), Images: podImages(p), Status: journaled[string(p.UID)],
+			Containers: len(p.Spec.Containers), Images: podImages(p), Status: status,
 		})
 	}
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,7 +71,8 @@ type worker struct {
 	waiting   map[string]corev1.ContainerStateWaiting
 	probes    map[string]*probeSet // by container ID
 	lastSent  []byte
-	volErr    string // the last volume refresh error, logged once
+	volErr    string                // the last volume refresh error, logged once
+	pulls     map[string]*pullState // image pull backoff by image
 	log       *slog.Logger
 }
 
@@ -155,6 +157,9 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 			return 0, true
 		}
 		return resync, false
+	}
+	if w.rejected(pod) {
+		return resync, false // an invalid pod is never run
 	}
 	cs, err := w.m.rt.List(ctx, w.uid)
 	if err != nil {
@@ -415,15 +420,9 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 	} else if st, ok, _ := w.m.store.Restart(w.uid, c.Name); ok {
 		attempt = int(st.Count) // containers gone (a reboot): keep counting
 	}
-	img, err := w.m.rt.EnsureImage(ctx, c.Image, c.ImagePullPolicy)
-	if err != nil {
-		reason := "ErrImagePull"
-		if errors.Is(err, ErrImageNeverPull) {
-			reason = "ErrImageNeverPull"
-		}
-		w.setWaiting(c.Name, reason, err.Error())
-		w.m.events.record(pod, "Warning", "Failed", err.Error())
-		return w.pullBackoff(c.Name)
+	img, wait, ok := w.pullImage(ctx, pod, c)
+	if !ok {
+		return wait
 	}
 	spec, err := w.containerSpec(ctx, pod, c, isInit, attempt, img)
 	if err != nil {
@@ -507,13 +506,89 @@ func (w *worker) backoffStep(name string) time.Duration {
 	return time.Duration(st.Backoff)
 }
 
-// pullBackoff is the wait before the next pull of a failed image.
-func (w *worker) pullBackoff(name string) time.Duration {
-	wt := w.waiting[name]
-	if wt.Reason == "ErrImagePull" {
-		w.waiting[name] = corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: wt.Message}
+// Image pull backoff, as kubelet's per pod and image: 10 s after a failed
+// pull, doubling up to 5 min, forgotten when a pull succeeds or when no
+// pull has failed for twice the maximum.
+const (
+	pullBackoffInitial = 10 * time.Second
+	pullBackoffMax     = 5 * time.Minute
+	// pullErrShown is how long ErrImagePull shows after a failed pull
+	// before the worker looks again and shows ImagePullBackOff.
+	pullErrShown = time.Second
+)
+
+// pullState is the backoff of one image of a pod after a failed pull.
+type pullState struct {
+	step   time.Duration // the current wait
+	failed time.Time     // when the last pull failed
+	err    string        // and why
+}
+
+// pullImage makes the container's image present according to its pull
+// policy. When it cannot, it sets the container waiting as kubelet does
+// (ErrImagePull on the failed pull, ImagePullBackOff while backing off,
+// ErrImageNeverPull) and returns when to look again. An image that turns
+// up during a backoff (imported from the image directory) ends it: a pod
+// woken by the import starts at once.
+func (w *worker) pullImage(ctx context.Context, pod *corev1.Pod, c *corev1.Container) (Image, time.Duration, bool) {
+	if w.pulls == nil {
+		w.pulls = map[string]*pullState{}
 	}
-	return backoffInitial
+	now := w.m.clock.Now()
+	if ps := w.pulls[c.Image]; ps != nil && now.Before(ps.failed.Add(ps.step)) {
+		// PullNever looks only at the node's images, never the network.
+		if _, err := w.m.rt.EnsureImage(ctx, c.Image, corev1.PullNever); err != nil {
+			w.setWaiting(c.Name, "ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: ErrImagePull: %s", c.Image, ps.err))
+			return Image{}, ps.failed.Add(ps.step).Sub(now), false
+		}
+	}
+	img, err := w.m.rt.EnsureImage(ctx, c.Image, pullPolicy(c))
+	switch {
+	case err == nil:
+		delete(w.pulls, c.Image)
+		return img, 0, true
+	case errors.Is(err, ErrImageNeverPull):
+		// Nothing to back off from: looking at the node's images is
+		// cheap, and an import wakes the worker.
+		if w.waiting[c.Name].Reason != "ErrImageNeverPull" {
+			w.m.events.record(pod, "Warning", "ErrImageNeverPull", err.Error())
+		}
+		w.setWaiting(c.Name, "ErrImageNeverPull", err.Error())
+		return Image{}, resync, false
+	}
+	ps := w.pulls[c.Image]
+	if ps == nil || now.Sub(ps.failed) > 2*pullBackoffMax {
+		ps = &pullState{step: pullBackoffInitial}
+	} else {
+		ps.step = min(2*ps.step, pullBackoffMax)
+	}
+	ps.failed, ps.err = now, err.Error()
+	w.pulls[c.Image] = ps
+	w.setWaiting(c.Name, "ErrImagePull", err.Error())
+	w.m.events.record(pod, "Warning", "Failed", err.Error())
+	w.m.events.record(pod, "Normal", "BackOff", fmt.Sprintf("Back-off pulling image %q", c.Image))
+	return Image{}, min(pullErrShown, ps.step), false
+}
+
+// pullPolicy is the container's image pull policy, defaulted as the
+// Kubernetes API does when empty: Always for a ":latest" or untagged (and
+// undigested) image, else IfNotPresent.
+func pullPolicy(c *corev1.Container) corev1.PullPolicy {
+	if c.ImagePullPolicy != "" {
+		return c.ImagePullPolicy
+	}
+	ref, digested := c.Image, false
+	if i := strings.Index(ref, "@"); i >= 0 {
+		ref, digested = ref[:i], true
+	}
+	tag := ""
+	if colon := strings.LastIndex(ref, ":"); colon > strings.LastIndex(ref, "/") {
+		tag = ref[colon+1:]
+	}
+	if tag == "latest" || (tag == "" && !digested) {
+		return corev1.PullAlways
+	}
+	return corev1.PullIfNotPresent
 }
 
 func (w *worker) setWaiting(name, reason, msg string) {

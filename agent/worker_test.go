@@ -683,8 +683,11 @@ func TestMissingImageDoesNotBlockOtherPods(t *testing.T) {
 	h.start()
 	h.synced(2, "good running, the others waiting", func() bool {
 		return h.running(id(good, "app", 0)) && h.phase(good) == corev1.PodRunning &&
-			h.state(never, "app") == "waiting:ErrImageNeverPull" && h.state(unpullable, "app") == "waiting:ImagePullBackOff"
+			h.state(never, "app") == "waiting:ErrImageNeverPull" && h.state(unpullable, "app") == "waiting:ErrImagePull"
 	})
+	// ErrImagePull on the failed pull, then ImagePullBackOff while waiting.
+	h.advance(time.Second)
+	h.eventually("unpullable backing off", func() bool { return h.state(unpullable, "app") == "waiting:ImagePullBackOff" })
 	if cs := h.container(never, "app"); !strings.Contains(cs.State.Waiting.Message, "local:1") || h.phase(never) != corev1.PodPending {
 		t.Fatalf("never-pull pod status:\n%s", h.journal())
 	}

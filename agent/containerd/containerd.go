@@ -169,7 +169,8 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 	case policy == corev1.PullNever && !present:
 		return agent.Image{}, fmt.Errorf("image %s: %w", name, agent.ErrImageNeverPull)
 	case !present || policy == corev1.PullAlways:
-		pulled, perr := r.client.Pull(ctx, name, containerd.WithPullUnpack, containerd.WithPullSnapshotter(r.cfg.Snapshotter))
+		pulled, perr := r.client.Pull(ctx, name, containerd.WithResolver(pullResolver()),
+			containerd.WithPullUnpack, containerd.WithPullSnapshotter(r.cfg.Snapshotter))
 		if perr != nil {
 			if present {
 				// Offline with a present image: run what we have.

@@ -57,6 +57,7 @@ type Fake struct {
 	containers map[string]*container
 	images     map[string]bool // present on the node
 	registry   map[string]bool // pullable
+	pulls      map[string]int  // pull attempts by ref, failed ones too
 	fail       map[string][]error
 	exec       ExecFunc
 	sigterm    map[string]bool // IDs whose process exits on SIGTERM
@@ -81,7 +82,7 @@ var _ agent.Runtime = (*Fake)(nil)
 func New(clk clock.Clock) *Fake {
 	return &Fake{
 		clock: clk, containers: map[string]*container{}, images: map[string]bool{},
-		registry: map[string]bool{}, fail: map[string][]error{}, sigterm: map[string]bool{},
+		registry: map[string]bool{}, pulls: map[string]int{}, fail: map[string][]error{}, sigterm: map[string]bool{},
 	}
 }
 
@@ -130,6 +131,23 @@ func (f *Fake) AddToRegistry(refs ...string) {
 	for _, r := range refs {
 		f.registry[r] = true
 	}
+}
+
+// RemoveFromRegistry makes refs unpullable again.
+func (f *Fake) RemoveFromRegistry(refs ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range refs {
+		delete(f.registry, r)
+	}
+}
+
+// PullAttempts returns how many times EnsureImage went to the registry
+// for ref, whether the pull succeeded or not.
+func (f *Fake) PullAttempts(ref string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pulls[ref]
 }
 
 // Images returns the refs present on the node, sorted.
@@ -278,6 +296,7 @@ func (f *Fake) EnsureImage(_ context.Context, ref string, policy corev1.PullPoli
 	case policy == corev1.PullNever && !present:
 		return agent.Image{}, fmt.Errorf("image %s: %w", ref, agent.ErrImageNeverPull)
 	case !present || policy == corev1.PullAlways:
+		f.pulls[ref]++
 		if f.registry[ref] {
 			f.images[ref] = true
 			f.calls = append(f.calls, "pull "+ref)

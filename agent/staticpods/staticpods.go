@@ -28,6 +28,11 @@ const (
 	AnnotationHash = "kubernetes.io/config.hash"
 	// AnnotationFile names the manifest file an object came from.
 	AnnotationFile = "outpost-edge.io/manifest-file"
+	// AnnotationInvalid marks a pod whose manifest has good metadata but a
+	// bad spec; its value names every bad field, separated by "; ". Such
+	// a pod is recorded so that it shows as Failed rather than vanish, and
+	// is never run. Set only by Parse: a manifest's own value is dropped.
+	AnnotationInvalid = "outpost-edge.io/invalid"
 )
 
 // maxFileSize bounds one manifest file; larger files are refused.
@@ -35,13 +40,19 @@ const maxFileSize = 1 << 20
 
 // Manifests is what one read of the directory, or of one file, found.
 type Manifests struct {
+	// Pods holds the good pods and the invalid ones, which are marked
+	// with AnnotationInvalid and also listed in Invalid.
 	Pods       []*corev1.Pod
 	Services   []*corev1.Service
 	ConfigMaps []*corev1.ConfigMap
 	// Secrets have their stringData merged into data.
 	Secrets []*corev1.Secret
-	// Errors has one entry per bad file or document, each naming the file.
+	// Errors has one entry per bad file or document that yields no
+	// object, each naming the file.
 	Errors []*FileError
+	// Invalid has one entry per invalid pod of Pods, naming the file, the
+	// document, the pod and every bad field.
+	Invalid []*FileError
 }
 
 func (m *Manifests) add(o Manifests) {
@@ -50,12 +61,16 @@ func (m *Manifests) add(o Manifests) {
 	m.ConfigMaps = append(m.ConfigMaps, o.ConfigMaps...)
 	m.Secrets = append(m.Secrets, o.Secrets...)
 	m.Errors = append(m.Errors, o.Errors...)
+	m.Invalid = append(m.Invalid, o.Invalid...)
 }
 
 // FileError is a problem with one manifest file.
 type FileError struct {
 	File string // base name in the manifest directory
 	Err  error
+	// Pod is, for an entry of Manifests.Invalid, the pod recorded as
+	// invalid; nil otherwise.
+	Pod *corev1.Pod
 }
 
 func (e *FileError) Error() string { return e.File + ": " + e.Err.Error() }
@@ -117,7 +132,10 @@ func readFile(path string) ([]byte, error) {
 }
 
 // Parse decodes the documents of one manifest file. Good documents are
-// returned even when others in the same file are bad.
+// returned even when others in the same file are bad. A pod whose metadata
+// is good but whose spec is not is returned too, marked invalid (see
+// AnnotationInvalid and Invalid); a pod whose name or namespace cannot be
+// read or is bad yields only an error.
 func Parse(file string, data []byte, nodeName string) Manifests {
 	var m Manifests
 	fail := func(err error) { m.Errors = append(m.Errors, &FileError{File: file, Err: err}) }
@@ -134,16 +152,23 @@ func Parse(file string, data []byte, nodeName string) Manifests {
 		}
 		switch {
 		case tm.APIVersion == "v1" && tm.Kind == "Pod":
-			p := &corev1.Pod{}
-			if err := yamlcheck.Decode(doc, p); err != nil {
-				fail(fmt.Errorf("%s (Pod): %w", where, err))
+			p, name, invalid, err := decodePod(doc)
+			if err != nil {
+				if name != "" {
+					where += " (Pod " + name + ")"
+				} else {
+					where += " (Pod)"
+				}
+				fail(fmt.Errorf("%s: %w", where, withLine(doc, err)))
 				continue
 			}
-			if err := validatePod(p); err != nil {
-				fail(fmt.Errorf("%s (Pod %s): %w", where, p.Name, withLine(doc, err)))
-				continue
+			p = staticPod(p, file, data, nodeName)
+			if invalid != nil {
+				invalid = withLine(doc, invalid)
+				p.Annotations[AnnotationInvalid] = oneLine(invalid)
+				m.Invalid = append(m.Invalid, &FileError{File: file, Err: fmt.Errorf("%s (Pod %s): %w", where, name, invalid), Pod: p})
 			}
-			m.Pods = append(m.Pods, staticPod(p, file, data, nodeName))
+			m.Pods = append(m.Pods, p)
 		case tm.APIVersion == "v1" && tm.Kind == "Service":
 			s := &corev1.Service{}
 			if err := yamlcheck.Decode(doc, s); err != nil {
@@ -187,11 +212,65 @@ func Parse(file string, data []byte, nodeName string) Manifests {
 	return m
 }
 
-func decodeTypeMeta(doc *yaml.Node, tm *metav1.TypeMeta) error {
-	n := doc
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
+// decodePod decodes and checks a Pod document. A document whose metadata
+// cannot be read or is bad yields no pod, only err; name is the pod's name
+// when it could be read. A document whose metadata is good but whose spec
+// is not yields the pod and invalid, naming every bad field; a spec that
+// cannot be decoded at all (a quantity that does not parse, an unknown
+// field) is left empty.
+func decodePod(doc *yaml.Node) (p *corev1.Pod, name string, invalid, err error) {
+	p = &corev1.Pod{}
+	if derr := yamlcheck.Decode(doc, p); derr != nil {
+		var meta metav1.ObjectMeta
+		mn := mappingValue(rootNode(doc), "metadata")
+		if mn == nil || yamlcheck.Decode(mn, &meta) != nil {
+			return nil, "", nil, derr
+		}
+		if errs := checkObjectMeta(&meta); len(errs) > 0 {
+			return nil, meta.Name, nil, errors.Join(append(errs, derr)...)
+		}
+		return &corev1.Pod{ObjectMeta: meta}, meta.Name, derr, nil
 	}
+	specErrs := validatePodSpec(&p.Spec)
+	if errs := checkObjectMeta(&p.ObjectMeta); len(errs) > 0 {
+		return nil, p.Name, nil, errors.Join(append(errs, specErrs...)...)
+	}
+	return p, p.Name, errors.Join(specErrs...), nil
+}
+
+// oneLine renders an error, and each of the errors it joins, on one line,
+// separated by "; ".
+func oneLine(err error) string {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var parts []string
+		for _, e := range j.Unwrap() {
+			parts = append(parts, oneLine(e))
+		}
+		return strings.Join(parts, "; ")
+	}
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}
+
+// Invalid returns why a pod read from a manifest is invalid, and whether
+// it is (see AnnotationInvalid). An invalid pod must never be run.
+func Invalid(p *corev1.Pod) (msg string, invalid bool) {
+	if p == nil || p.Annotations[AnnotationSource] != "file" {
+		return "", false
+	}
+	msg, invalid = p.Annotations[AnnotationInvalid]
+	return msg, invalid
+}
+
+// rootNode is the top node of a document.
+func rootNode(doc *yaml.Node) *yaml.Node {
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		return doc.Content[0]
+	}
+	return doc
+}
+
+func decodeTypeMeta(doc *yaml.Node, tm *metav1.TypeMeta) error {
+	n := rootNode(doc)
 	if n.Kind != yaml.MappingNode {
 		return errors.New("is not a mapping")
 	}
@@ -245,6 +324,7 @@ func staticPod(p *corev1.Pod, file string, data []byte, nodeName string) *corev1
 	if p.Annotations == nil {
 		p.Annotations = map[string]string{}
 	}
+	delete(p.Annotations, AnnotationInvalid)
 	p.Annotations[AnnotationSource] = "file"
 	p.Annotations[AnnotationHash] = uid
 	p.Annotations[AnnotationFile] = file
@@ -257,10 +337,7 @@ func staticPod(p *corev1.Pod, file string, data []byte, nodeName string) *corev1
 // keyLine returns the line of key in the mapping at path, or of the
 // mapping itself when the key is not written there (a merge key, say).
 func keyLine(doc *yaml.Node, path, key string) int {
-	n := doc
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
-	}
+	n := rootNode(doc)
 	for _, name := range strings.Split(path, ".") {
 		n = mappingValue(n, name)
 		if n == nil {

@@ -68,11 +68,17 @@ spec:
   ports: [{port: 80, protocl: TCP}]
 `
 	m := Parse("mixed.yaml", []byte(src), "n")
-	if len(m.Pods) != 1 || len(m.Services) != 0 {
-		t.Fatalf("good pod not kept: pods=%d svcs=%d", len(m.Pods), len(m.Services))
+	if len(m.Pods) != 2 || len(m.Services) != 0 || len(m.Invalid) != 1 || len(m.Errors) != 2 {
+		t.Fatalf("pods=%d svcs=%d invalid=%v errors=%v", len(m.Pods), len(m.Services), m.Invalid, m.Errors)
+	}
+	if _, bad := Invalid(m.Pods[0]); bad || m.Pods[0].Name != "web-n" {
+		t.Fatalf("good pod not kept as it is: %+v", m.Pods[0].ObjectMeta)
+	}
+	if msg, bad := Invalid(m.Pods[1]); !bad || m.Pods[1].Name != "bad-n" || m.Invalid[0].Pod != m.Pods[1] || msg != "spec.containers[0].image: is required (line 18)" {
+		t.Fatalf("bad pod not recorded as invalid: %q %+v", msg, m.Pods[1].ObjectMeta)
 	}
 	var all []string
-	for _, e := range m.Errors {
+	for _, e := range append(m.Invalid, m.Errors...) {
 		all = append(all, e.Error())
 	}
 	got := strings.Join(all, "\n")
@@ -138,6 +144,9 @@ func TestImagePullPolicyDefault(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(webPod))
+	f.Add([]byte(badPods))
+	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata: {name: q, annotations: {outpost-edge.io/invalid: x}}\nspec: {containers: [{name: c, image: i, resources: {limits: {memory: 12Q}}}]}\n"))
+	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata: {name: Q_Q}\nspec: {containers: [{name: c, ports: [{name: http, containerPort: 80}], readinessProbe: {tcpSocket: {port: htp}}}]}\n"))
 	f.Add([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 1}]}\n---\nkind: Pod\n"))
 	f.Add([]byte(goodConfigMap))
 	f.Add([]byte(goodSecret))
@@ -145,10 +154,27 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("apiVersion: v1\nkind: Secret\nmetadata: {name: a}\ndata: {k: \"not base64\", k: eA==}\nstringData: {\"\": x}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m := Parse("f.yaml", data, "node")
+		invalid := 0
 		for _, p := range m.Pods {
-			if p.Name == "" || p.UID == "" || p.Spec.NodeName != "node" || len(p.Spec.Containers) == 0 {
+			if p.Name == "" || p.Namespace == "" || p.Annotations[AnnotationSource] != "file" || p.Annotations[AnnotationFile] != "f.yaml" ||
+				p.UID == "" || p.Spec.NodeName != "node" || p.Annotations[AnnotationHash] != string(p.UID) {
 				t.Fatalf("accepted an incomplete pod: %+v", p)
 			}
+			if msg, bad := Invalid(p); bad {
+				// Invalid pods are listed with their error, and say why.
+				if invalid >= len(m.Invalid) || m.Invalid[invalid].Pod != p || msg == "" || strings.Contains(msg, "\n") {
+					t.Fatalf("invalid pod %d not listed, or without a one-line reason %q: %v", invalid, msg, m.Invalid)
+				}
+				invalid++
+			} else if errs := validatePodSpec(&p.Spec); len(p.Spec.Containers) == 0 || len(errs) > 0 {
+				t.Fatalf("accepted a bad pod as valid: %v: %+v", errs, p)
+			}
+			if _, err := p.Marshal(); err != nil {
+				t.Fatalf("pod does not encode: %v", err)
+			}
+		}
+		if invalid != len(m.Invalid) {
+			t.Fatalf("%d invalid pods, %d listed", invalid, len(m.Invalid))
 		}
 		for _, s := range m.Services {
 			if s.Name == "" || s.Namespace == "" {
@@ -366,5 +392,212 @@ func TestParseKeepsGoodDocumentsBesideABadConfigMap(t *testing.T) {
 	}
 	if want := `all.yaml: document 2 (ConfigMap bad): data["a b"]: is invalid`; !strings.HasPrefix(m.Errors[0].Error(), want) {
 		t.Fatalf("error %q, want prefix %q", m.Errors[0], want)
+	}
+}
+
+// badPods is a file of pods with good metadata and bad specs, beside a
+// good one.
+const badPods = webPod + `---
+apiVersion: v1
+kind: Pod
+metadata: {name: noimage, labels: {app: x}}
+spec:
+  containers:
+  - name: c
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: quantity}
+spec:
+  containers:
+  - name: c
+    image: busybox:1
+    resources:
+      limits: {memory: 12Q}
+`
+
+func TestParseRecordsPodWithBadSpecAsInvalid(t *testing.T) {
+	tests := []struct {
+		name string
+		spec string // below spec:, indented by two spaces
+		want string // the pod's invalid annotation
+	}{
+		{"no image", `
+  containers:
+  - name: c
+    image: " "`, "spec.containers[0].image: is required (line 8)"},
+		{"unknown volume in a volume mount", `
+  volumes: [{name: data, emptyDir: {}}]
+  containers:
+  - name: c
+    image: busybox:1
+    volumeMounts:
+    - {name: data, mountPath: /data}
+    - {name: cache, mountPath: /cache}`, `spec.containers[0].volumeMounts[1].name: "cache" is not a volume of the pod (spec.volumes) (line 12)`},
+		{"port name too long", `
+  containers:
+  - name: c
+    image: busybox:1
+    ports:
+    - name: metrics-endpoint-1
+      containerPort: 9090`, `spec.containers[0].ports[0].name: "metrics-endpoint-1" is not a valid port name: must be no more than 15 characters (line 10)`},
+		{"port name with bad characters", `
+  containers:
+  - name: c
+    image: busybox:1
+    ports:
+    - {name: HTTP_PORT, containerPort: 80}`, `spec.containers[0].ports[0].name: "HTTP_PORT" is not a valid port name: must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-) (line 10)`},
+		{"probe on a port the container does not have", `
+  containers:
+  - name: c
+    image: busybox:1
+    ports: [{name: http, containerPort: 80}]
+    readinessProbe:
+      httpGet: {path: /, port: htttp}
+    livenessProbe:
+      tcpSocket: {port: http}`, `spec.containers[0].readinessProbe.httpGet.port: "htttp" is not the name of a port of this container (line 11)`},
+		{"hook on a port the container does not have", `
+  containers:
+  - name: c
+    image: busybox:1
+    lifecycle:
+      preStop:
+        httpGet: {path: /quit, port: admin}`, `spec.containers[0].lifecycle.preStop.httpGet.port: "admin" is not the name of a port of this container (line 11)`},
+		{"quantity that does not parse", `
+  containers:
+  - name: c
+    image: busybox:1
+    resources:
+      limits: {memory: 12Q}`, `spec.containers[0].resources.limits.memory: invalid value "12Q": quantities must match the regular expression`},
+		{"request above its limit", `
+  containers:
+  - name: c
+    image: busybox:1
+    resources:
+      requests: {memory: 2Gi}
+      limits: {memory: 1Gi}`, `spec.containers[0].resources.requests.memory: 2Gi is more than the limit 1Gi (line 10)`},
+		{"negative quantity", `
+  containers:
+  - name: c
+    image: busybox:1
+    resources:
+      limits: {cpu: "-1"}`, `spec.containers[0].resources.limits.cpu: -1 must not be negative (line 10)`},
+		{"duplicate container names", `
+  initContainers:
+  - {name: c, image: busybox:1}
+  containers:
+  - {name: c, image: busybox:1}`, `spec.containers[0].name: "c" is used by another container (line 9)`},
+		{"unknown field", `
+  containers:
+  - name: c
+    imag: busybox:1`, "spec.containers[0].imag: unknown field (line 8)"},
+		{"every error, in the order of the spec", `
+  containers:
+  - name: c
+    volumeMounts: [{name: data, mountPath: /d}]
+  - name: c
+    image: busybox:1`, `spec.containers[0].image: is required (line 7); ` +
+			`spec.containers[0].volumeMounts[0].name: "data" is not a volume of the pod (spec.volumes) (line 8); ` +
+			`spec.containers[1].name: "c" is used by another container (line 9)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\nspec:" + tt.spec + "\n"
+			m := Parse("bad.yaml", []byte(src+"---\n"+webPod), "n")
+			if len(m.Errors) != 0 || len(m.Pods) != 2 || len(m.Invalid) != 1 {
+				t.Fatalf("pods=%d invalid=%v errors=%v", len(m.Pods), m.Invalid, m.Errors)
+			}
+			if _, bad := Invalid(m.Pods[1]); bad {
+				t.Fatalf("the good pod is marked invalid: %v", m.Pods[1].Annotations)
+			}
+			p := m.Pods[0]
+			msg, bad := Invalid(p)
+			if !bad || !strings.HasPrefix(msg, tt.want) || strings.Contains(msg, "\n") {
+				t.Fatalf("invalid = %v, reason\n%q\nwant it to start with\n%q", bad, msg, tt.want)
+			}
+			if p.Name != "bad-n" || p.Namespace != "default" || p.UID == "" || p.Annotations[AnnotationFile] != "bad.yaml" || p.Spec.NodeName != "n" {
+				t.Fatalf("invalid pod not named and annotated as a static pod: %+v", p.ObjectMeta)
+			}
+			fe := m.Invalid[0]
+			if fe.Pod != p || !strings.HasPrefix(fe.Error(), "bad.yaml: document 1 (Pod bad): "+strings.SplitN(tt.want, ";", 2)[0]) {
+				t.Fatalf("error %q, pod %p (want %p)", fe, fe.Pod, p)
+			}
+			if _, err := p.Marshal(); err != nil {
+				t.Fatalf("invalid pod does not encode: %v", err)
+			}
+		})
+	}
+}
+
+func TestParseInvalidPod(t *testing.T) {
+	m := Parse("bad.yaml", []byte(badPods), "n")
+	if len(m.Pods) != 3 || len(m.Invalid) != 2 || len(m.Errors) != 0 {
+		t.Fatalf("pods=%d invalid=%v errors=%v", len(m.Pods), m.Invalid, m.Errors)
+	}
+	t.Run("keeps the metadata of a spec that decodes, and the spec", func(t *testing.T) {
+		p := m.Pods[1]
+		if p.Name != "noimage-n" || p.Labels["app"] != "x" || len(p.Spec.Containers) != 1 {
+			t.Fatalf("pod = %+v", p)
+		}
+	})
+	t.Run("keeps the metadata of a spec that does not decode, not the spec", func(t *testing.T) {
+		p := m.Pods[2]
+		if p.Name != "quantity-n" || len(p.Spec.Containers) != 0 || p.Spec.NodeName != "n" {
+			t.Fatalf("pod = %+v", p)
+		}
+	})
+	t.Run("a fixed manifest gives a valid pod with a new UID", func(t *testing.T) {
+		fixed := Parse("bad.yaml", []byte(strings.Replace(badPods, "12Q", "12Mi", 1)), "n")
+		if len(fixed.Pods) != 3 || len(fixed.Invalid) != 1 {
+			t.Fatalf("pods=%d invalid=%v", len(fixed.Pods), fixed.Invalid)
+		}
+		if _, bad := Invalid(fixed.Pods[2]); bad || fixed.Pods[2].UID == m.Pods[2].UID {
+			t.Fatalf("fixed pod: invalid=%v uid %s, was %s", bad, fixed.Pods[2].UID, m.Pods[2].UID)
+		}
+	})
+	t.Run("a manifest cannot mark its pod invalid", func(t *testing.T) {
+		src := strings.Replace(webPod, "labels: {app: web}", "annotations: {outpost-edge.io/invalid: no}", 1)
+		got := Parse("web.yaml", []byte(src), "n")
+		if len(got.Pods) != 1 || len(got.Invalid) != 0 {
+			t.Fatalf("pods=%d invalid=%v errors=%v", len(got.Pods), got.Invalid, got.Errors)
+		}
+		if _, bad := Invalid(got.Pods[0]); bad {
+			t.Fatalf("annotations = %v", got.Pods[0].Annotations)
+		}
+	})
+	t.Run("a pod from another source is never invalid", func(t *testing.T) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationInvalid: "x"}}}
+		if _, bad := Invalid(p); bad {
+			t.Fatal("a pod without the static source annotation counts as invalid")
+		}
+	})
+}
+
+func TestParsePodWithBadMetadataYieldsOnlyAnError(t *testing.T) {
+	tests := []struct {
+		name, src string
+		want      string
+	}{
+		{"no name, bad spec", "apiVersion: v1\nkind: Pod\nmetadata: {labels: {a: b}}\nspec: {containers: [{name: c}]}\n",
+			"bad.yaml: document 1 (Pod): metadata.name: is required (line 3)\nspec.containers[0].image: is required (line 4)"},
+		{"no name, spec that does not decode", "apiVersion: v1\nkind: Pod\nmetadata: {}\nspec: {containers: [{name: c, image: i, resources: {limits: {cpu: x}}}]}\n",
+			"bad.yaml: document 1 (Pod): metadata.name: is required (line 3)\nspec.containers[0].resources.limits.cpu: invalid value \"x\""},
+		{"metadata that does not decode", "apiVersion: v1\nkind: Pod\nmetadata: {name: a, labels: [x]}\nspec: {containers: [{name: c, image: i}]}\n",
+			"bad.yaml: document 1 (Pod): metadata.labels: want a mapping, got a list (line 3)"},
+		{"no metadata", "apiVersion: v1\nkind: Pod\nspec: {containers: [{name: c, image: i, resources: {limits: {cpu: x}}}]}\n",
+			"bad.yaml: document 1 (Pod): spec.containers[0].resources.limits.cpu: invalid value \"x\""},
+		{"bad name", "apiVersion: v1\nkind: Pod\nmetadata: {name: Web_1, namespace: a.b}\nspec: {containers: [{name: c}]}\n",
+			"bad.yaml: document 1 (Pod Web_1): metadata.name: \"Web_1\" is invalid: a lowercase RFC 1123 subdomain"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Parse("bad.yaml", []byte(tt.src), "n")
+			if len(m.Pods) != 0 || len(m.Invalid) != 0 || len(m.Errors) != 1 {
+				t.Fatalf("pods=%d invalid=%v errors=%v", len(m.Pods), m.Invalid, m.Errors)
+			}
+			if got := m.Errors[0].Error(); !strings.HasPrefix(got, tt.want) {
+				t.Fatalf("error\n%s\nwant it to start with\n%s", got, tt.want)
+			}
+		})
 	}
 }

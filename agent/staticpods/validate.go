@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -49,60 +51,234 @@ func checkName(path, name string, label bool) error {
 	return nil
 }
 
-// validatePod checks what the agent relies on; the API server's full
-// validation is not linked into the binary.
-func validatePod(p *corev1.Pod) error {
+// validatePodSpec checks what the agent relies on to run a pod; the API
+// server's full validation is not linked into the binary. A pod whose spec
+// is bad is recorded as invalid and never run (its metadata is checked by
+// checkObjectMeta: a pod whose name is bad yields no object at all). The
+// errors come in a fixed order (volumes, then each container in turn, its
+// fields always checked in the same order), so the same spec always gives
+// the same message.
+func validatePodSpec(s *corev1.PodSpec) []error {
 	var errs []error
 	add := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	add(checkName("metadata.name", p.Name, false))
-	if p.Namespace != "" {
-		add(checkName("metadata.namespace", p.Namespace, true))
-	}
-	switch p.Spec.RestartPolicy {
+	switch s.RestartPolicy {
 	case "", corev1.RestartPolicyAlways, corev1.RestartPolicyOnFailure, corev1.RestartPolicyNever:
 	default:
-		add(bad("spec.restartPolicy", "%q is not Always, OnFailure or Never", p.Spec.RestartPolicy))
+		add(bad("spec.restartPolicy", "%q is not Always, OnFailure or Never", s.RestartPolicy))
 	}
-	if len(p.Spec.Containers) == 0 {
+	volumes := map[string]bool{}
+	for i, v := range s.Volumes {
+		path := fmt.Sprintf("spec.volumes[%d].name", i)
+		add(checkName(path, v.Name, true))
+		if volumes[v.Name] && v.Name != "" {
+			add(bad(path, "%q is used by another volume", v.Name))
+		}
+		volumes[v.Name] = true
+	}
+	if len(s.Containers) == 0 {
 		add(bad("spec.containers", "at least one container is required"))
 	}
 	seen := map[string]bool{}
 	for _, group := range []struct {
 		field string
 		cs    []corev1.Container
-	}{{"spec.initContainers", p.Spec.InitContainers}, {"spec.containers", p.Spec.Containers}} {
-		for i, c := range group.cs {
+	}{{"spec.initContainers", s.InitContainers}, {"spec.containers", s.Containers}} {
+		for i := range group.cs {
+			c := &group.cs[i]
 			path := fmt.Sprintf("%s[%d]", group.field, i)
 			add(checkName(path+".name", c.Name, true))
 			if seen[c.Name] && c.Name != "" {
 				add(bad(path+".name", "%q is used by another container", c.Name))
 			}
 			seen[c.Name] = true
-			if strings.TrimSpace(c.Image) == "" {
-				add(bad(path+".image", "is required"))
+			errs = append(errs, validateContainer(path, c, volumes)...)
+		}
+	}
+	return errs
+}
+
+// validateContainer checks one container of a pod with the given volumes.
+func validateContainer(path string, c *corev1.Container, volumes map[string]bool) []error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if strings.TrimSpace(c.Image) == "" {
+		add(bad(path+".image", "is required"))
+	}
+	switch c.ImagePullPolicy {
+	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		add(bad(path+".imagePullPolicy", "%q is not Always, IfNotPresent or Never", c.ImagePullPolicy))
+	}
+	portNames := map[string]bool{}
+	for j, port := range c.Ports {
+		pp := fmt.Sprintf("%s.ports[%d]", path, j)
+		if port.Name != "" {
+			if msgs := validation.IsValidPortName(port.Name); len(msgs) > 0 {
+				add(bad(pp+".name", "%q is not a valid port name: %s", port.Name, msgs[0]))
+			} else if portNames[port.Name] {
+				add(bad(pp+".name", "%q is used by another port of this container", port.Name))
 			}
-			switch c.ImagePullPolicy {
-			case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
-			default:
-				add(bad(path+".imagePullPolicy", "%q is not Always, IfNotPresent or Never", c.ImagePullPolicy))
-			}
-			for j, port := range c.Ports {
-				pp := fmt.Sprintf("%s.ports[%d]", path, j)
-				if port.ContainerPort < 1 || port.ContainerPort > 65535 {
-					add(bad(pp+".containerPort", "%d is not from 1 to 65535", port.ContainerPort))
-				}
-				if port.HostPort < 0 || port.HostPort > 65535 {
-					add(bad(pp+".hostPort", "%d is not from 0 to 65535", port.HostPort))
-				}
-				add(checkProtocol(pp+".protocol", port.Protocol))
+			portNames[port.Name] = true
+		}
+		if port.ContainerPort < 1 || port.ContainerPort > 65535 {
+			add(bad(pp+".containerPort", "%d is not from 1 to 65535", port.ContainerPort))
+		}
+		if port.HostPort < 0 || port.HostPort > 65535 {
+			add(bad(pp+".hostPort", "%d is not from 0 to 65535", port.HostPort))
+		}
+		add(checkProtocol(pp+".protocol", port.Protocol))
+	}
+	errs = append(errs, checkResources(path+".resources", c.Resources)...)
+	for j, vm := range c.VolumeMounts {
+		vp := fmt.Sprintf("%s.volumeMounts[%d]", path, j)
+		switch {
+		case vm.Name == "":
+			add(bad(vp+".name", "is required"))
+		case !volumes[vm.Name]:
+			add(bad(vp+".name", "%q is not a volume of the pod (spec.volumes)", vm.Name))
+		}
+		if vm.MountPath == "" {
+			add(bad(vp+".mountPath", "is required"))
+		}
+	}
+	for _, pr := range []struct {
+		field string
+		p     *corev1.Probe
+	}{{"livenessProbe", c.LivenessProbe}, {"readinessProbe", c.ReadinessProbe}, {"startupProbe", c.StartupProbe}} {
+		if pr.p != nil {
+			errs = append(errs, checkProbe(path+"."+pr.field, pr.p, c.Ports)...)
+		}
+	}
+	if c.Lifecycle != nil {
+		for _, h := range []struct {
+			field string
+			h     *corev1.LifecycleHandler
+		}{{"postStart", c.Lifecycle.PostStart}, {"preStop", c.Lifecycle.PreStop}} {
+			if h.h != nil {
+				errs = append(errs, checkHook(path+".lifecycle."+h.field, h.h, c.Ports)...)
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return errs
+}
+
+// checkResources checks that no quantity is negative and no request is
+// above its limit. Resource names are taken in sorted order.
+func checkResources(path string, r corev1.ResourceRequirements) []error {
+	var errs []error
+	for _, list := range []struct {
+		field string
+		rl    corev1.ResourceList
+	}{{"limits", r.Limits}, {"requests", r.Requests}} {
+		for _, name := range slices.Sorted(maps.Keys(list.rl)) {
+			q := list.rl[name]
+			if q.Sign() < 0 {
+				errs = append(errs, bad(path+"."+list.field+"."+string(name), "%s must not be negative", q.String()))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.Requests)) {
+		req, lim := r.Requests[name], r.Limits[name]
+		if _, ok := r.Limits[name]; ok && req.Sign() >= 0 && lim.Sign() >= 0 && req.Cmp(lim) > 0 {
+			errs = append(errs, bad(path+".requests."+string(name), "%s is more than the limit %s", req.String(), lim.String()))
+		}
+	}
+	return errs
+}
+
+// checkProbe checks that a probe has one handler, with a port the
+// container has. The numbers (periods, thresholds) are the prober's to
+// check.
+func checkProbe(path string, p *corev1.Probe, ports []corev1.ContainerPort) []error {
+	h := p.ProbeHandler
+	var errs []error
+	if err := checkOneHandler(path, "exec, httpGet, tcpSocket or grpc", h.Exec != nil, h.HTTPGet != nil, h.TCPSocket != nil, h.GRPC != nil); err != nil {
+		errs = append(errs, err)
+	}
+	if h.HTTPGet != nil {
+		if err := checkHandlerPort(path+".httpGet.port", h.HTTPGet.Port, ports); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if h.TCPSocket != nil {
+		if err := checkHandlerPort(path+".tcpSocket.port", h.TCPSocket.Port, ports); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if h.GRPC != nil && (h.GRPC.Port < 1 || h.GRPC.Port > 65535) {
+		errs = append(errs, bad(path+".grpc.port", "%d is not from 1 to 65535", h.GRPC.Port))
+	}
+	return errs
+}
+
+// checkHook checks that a lifecycle hook has one handler, with a port the
+// container has.
+func checkHook(path string, h *corev1.LifecycleHandler, ports []corev1.ContainerPort) []error {
+	var errs []error
+	if err := checkOneHandler(path, "exec, httpGet, tcpSocket or sleep", h.Exec != nil, h.HTTPGet != nil, h.TCPSocket != nil, h.Sleep != nil); err != nil {
+		errs = append(errs, err)
+	}
+	if h.HTTPGet != nil {
+		if err := checkHandlerPort(path+".httpGet.port", h.HTTPGet.Port, ports); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if h.TCPSocket != nil {
+		if err := checkHandlerPort(path+".tcpSocket.port", h.TCPSocket.Port, ports); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+func checkOneHandler(path, kinds string, set ...bool) error {
+	n := 0
+	for _, s := range set {
+		if s {
+			n++
+		}
+	}
+	switch {
+	case n == 0:
+		return bad(path, "must specify a handler (%s)", kinds)
+	case n > 1:
+		return bad(path, "may not specify more than one handler")
+	}
+	return nil
+}
+
+// checkHandlerPort checks the port of a probe or hook: a number from 1 to
+// 65535, or the name of one of the container's ports. As in kubelet's
+// prober, a name no port has that parses as a number is that number.
+func checkHandlerPort(path string, port intstr.IntOrString, ports []corev1.ContainerPort) error {
+	n := int(port.IntVal)
+	if port.Type == intstr.String {
+		for _, p := range ports {
+			if p.Name != "" && p.Name == port.StrVal {
+				return nil
+			}
+		}
+		v, err := strconv.Atoi(port.StrVal)
+		if err != nil {
+			if msgs := validation.IsValidPortName(port.StrVal); len(msgs) > 0 {
+				return bad(path, "%q is not a valid port name: %s", port.StrVal, msgs[0])
+			}
+			return bad(path, "%q is not the name of a port of this container", port.StrVal)
+		}
+		n = v
+	}
+	if n < 1 || n > 65535 {
+		return bad(path, "%d is not from 1 to 65535", n)
+	}
+	return nil
 }
 
 func checkProtocol(path string, p corev1.Protocol) error {
@@ -172,7 +348,7 @@ func validateSecret(s *corev1.Secret) error {
 }
 
 // checkObjectMeta checks the name (a DNS-1123 subdomain) and namespace of
-// an object that keeps the name its manifest gives it.
+// an object from a manifest.
 func checkObjectMeta(m *metav1.ObjectMeta) []error {
 	var errs []error
 	if err := checkName("metadata.name", m.Name, false); err != nil {

@@ -80,13 +80,17 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log}
+	var images *imageDir
 	if !*noPods {
 		rt, err := connectRuntime(ctx, cfg, clk, log)
 		if err != nil {
 			return err
 		}
 		defer rt.Close()
-		importImages(ctx, rt, cfg.ImageDir, log)
+		// Pods start with no registry in reach: their images are
+		// imported before the first pod runs, and later ones as they come.
+		images = newImageDir(cfg.ImageDir, rt, log)
+		images.importAll(ctx)
 		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, volume.Deps{Store: st, Clock: clk, Log: log})
 		if err != nil {
 			return err
@@ -127,6 +131,13 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if images != nil {
+		images.onImport = a.WakePods
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() { images.watch(watchCtx, clk, imagePollInterval); close(watchDone) }()
+		defer func() { stopWatch(); <-watchDone }()
+	}
 	return a.Run(ctx)
 }
 
@@ -156,29 +167,6 @@ func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log
 		case <-t.C():
 		}
 		backoff = min(2*backoff, 30*time.Second)
-	}
-}
-
-// importImages imports the image tarballs in dir, so pods start with no
-// registry in reach.
-func importImages(ctx context.Context, rt *ctrd.Runtime, dir string, log *slog.Logger) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			log.Warn("read image dir", "dir", dir, "err", err)
-		}
-		return
-	}
-	for _, e := range entries {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".tar") {
-			continue
-		}
-		names, err := rt.ImportFile(ctx, filepath.Join(dir, e.Name()))
-		if err != nil {
-			log.Warn("import image tarball", "file", e.Name(), "err", err)
-			continue
-		}
-		log.Info("imported images", "file", e.Name(), "images", names)
 	}
 }
 

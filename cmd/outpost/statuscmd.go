@@ -128,9 +128,10 @@ func printStatus(w io.Writer, s agent.Status) error {
 	}
 	tw.Flush()
 	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
-		fmt.Fprintln(w, "\nMANIFEST ERRORS (objects already recorded from these files are kept)")
+		fmt.Fprintln(w, "\nMANIFEST ERRORS (what was recorded from a bad document is kept; a pod with a bad spec is Failed)")
 		for _, e := range a.ManifestErrors {
-			fmt.Fprintln(w, "  "+e)
+			// One error may name several fields, a line each.
+			fmt.Fprintln(w, "  "+strings.ReplaceAll(e, "\n", "\n    "))
 		}
 	}
 	fmt.Fprintln(w)
@@ -223,6 +224,12 @@ func printPod(w io.Writer, p agent.PodInfo) error {
 		return tw.Flush()
 	}
 	fmt.Fprintf(tw, "STATUS\t%s\n", podPhase(st))
+	if st.Reason != "" {
+		fmt.Fprintf(tw, "REASON\t%s\n", st.Reason)
+	}
+	if st.Message != "" {
+		fmt.Fprintf(tw, "MESSAGE\t%s\n", st.Message)
+	}
 	fmt.Fprintf(tw, "IP\t%s\n", st.PodIP)
 	if st.StartTime != nil {
 		fmt.Fprintf(tw, "STARTED\t%s\n", st.StartTime.Time.Format(time.RFC3339))
@@ -234,8 +241,25 @@ func printPod(w io.Writer, p agent.PodInfo) error {
 	}
 	fmt.Fprintf(tw, "CONDITIONS\t%s\n", strings.Join(conds, " "))
 	tw.Flush()
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(st.InitContainerStatuses)+len(st.ContainerStatuses) > 0 {
+		fmt.Fprintln(w)
+		printContainers(w, st)
+	}
+	if len(p.Events) > 0 {
+		fmt.Fprintln(w, "\nEVENTS")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, e := range p.Events {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Type, e.Reason, e.Message)
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+// printContainers shows the containers of a pod status, init containers
+// first, and the messages of those waiting.
+func printContainers(w io.Writer, st *corev1.PodStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONTAINER\tSTATE\tREADY\tRESTARTS\tLAST EXIT\tID")
 	row := func(prefix string, c corev1.ContainerStatus) {
 		state := "waiting"
@@ -269,13 +293,4 @@ func printPod(w io.Writer, p agent.PodInfo) error {
 			fmt.Fprintf(w, "  %s: %s\n", c.Name, wt.Message)
 		}
 	}
-	if len(p.Events) > 0 {
-		fmt.Fprintln(w, "\nEVENTS")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, e := range p.Events {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Type, e.Reason, e.Message)
-		}
-		tw.Flush()
-	}
-	return nil
 }

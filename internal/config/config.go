@@ -26,7 +26,8 @@ type Config struct {
 	StateDir string `json:"stateDir"`
 	// ManifestDir holds static pod and service manifests (*.yaml, *.yml).
 	ManifestDir string `json:"manifestDir"`
-	// ImageDir holds OCI image tarballs imported at start, for offline use.
+	// ImageDir holds OCI image tarballs imported at start and, while the
+	// agent runs, as they appear or change, for offline use.
 	ImageDir string `json:"imageDir"`
 	// LogDir holds container logs, as kubelet's /var/log/pods.
 	LogDir string `json:"logDir"`

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Builds the pinned control-plane tools the end-to-end tests run: etcd,
-# kube-apiserver and kubectl, from the Go module proxy, into a cache
-# directory outside the repository ($OUTPOST_TOOLS, default
-# /var/cache/outpost-testenv). A tool already present at its pinned version
-# is not rebuilt.
+# Builds the pinned tools the end-to-end tests run: etcd, kube-apiserver,
+# kubectl and distribution's OCI registry, from the Go module proxy, into
+# a cache directory outside the repository ($OUTPOST_TOOLS, default
+# /var/cache/outpost-testenv). A tool already present at its pinned
+# version is not rebuilt.
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
 BIN="$TOOLS/bin"
 mkdir -p "$BIN" "$TOOLS/src"
@@ -86,6 +87,20 @@ EOT
 	echo "$ETCD_VERSION" >"$BIN/.etcd.version"
 }
 
+build_registry() {
+	if [[ "$(stamp registry)" == "$REGISTRY_VERSION" && -x "$BIN/registry" ]]; then
+		echo "testenv: registry $REGISTRY_VERSION already built"
+		return
+	fi
+	echo "testenv: building registry $REGISTRY_VERSION"
+	# The module has no replace directives, so go install builds it with
+	# exactly the versions its own go.mod and go.sum pin.
+	GOBIN="$BIN" go install -trimpath -ldflags '-s -w' \
+		"github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+	echo "$REGISTRY_VERSION" >"$BIN/.registry.version"
+}
+
 build_etcd
 build_kube
+build_registry
 echo "testenv: tools in $BIN"

@@ -140,3 +140,28 @@ func TestSmokeMosquitto(t *testing.T) {
 		t.Fatal("message not received")
 	}
 }
+
+// TestSmokeRegistry pushes the test image to a private registry (twice:
+// the second push finds its blobs there) and pulls it back with
+// containerd's client, over plain HTTP on the loopback.
+func TestSmokeRegistry(t *testing.T) {
+	reg := env.StartRegistry(t)
+	ctrd := env.StartContainerd(t)
+	ref := reg.PushTestImage(t, "smoke/busybox", "1.35")
+	reg.PushTestImage(t, "smoke/busybox", "1.35")
+	const ns = "outpost-smoke-registry"
+	cl := ctrd.Client(t, ns)
+	ctx, cancel := context.WithTimeout(namespacesCtx(context.Background(), ns), 60*time.Second)
+	defer cancel()
+	img, err := cl.Pull(ctx, ref, client.WithPullUnpack)
+	if err != nil {
+		t.Fatalf("pull %s: %v", ref, err)
+	}
+	spec, err := img.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Name() != ref || len(spec.Config.Cmd) != 1 || spec.Config.Cmd[0] != "sh" {
+		t.Fatalf("pulled %s with cmd %q, want %s with [sh]", img.Name(), spec.Config.Cmd, ref)
+	}
+}

@@ -210,6 +210,29 @@ func (c *Containerd) ImportTestImage(t testing.TB, ns string) containerd.Image {
 // busybox binaries install.sh put in ToolsDir, and returns its path.
 func TestImageTarball(t testing.TB) string {
 	t.Helper()
+	return TestImageTarballAs(t, TestImage)
+}
+
+// TestImageTarballAs writes the test image named name (a full reference
+// with a tag) into t's temp dir, and returns its path.
+func TestImageTarballAs(t testing.TB, name string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "busybox-image.tar")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := WriteTestImageAs(f, busyboxBinaries(t), name); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// busyboxBinaries returns the busybox binaries install.sh put in
+// ToolsDir, by GOARCH.
+func busyboxBinaries(t testing.TB) map[string]string {
+	t.Helper()
 	bins := map[string]string{}
 	for _, arch := range []string{"amd64", "arm64"} {
 		p := filepath.Join(ToolsDir(), "busybox", arch, "busybox")
@@ -220,14 +243,5 @@ func TestImageTarball(t testing.TB) string {
 	if len(bins) == 0 {
 		t.Fatalf("no busybox in %s/busybox: run `make testenv` (as root) first", ToolsDir())
 	}
-	path := filepath.Join(t.TempDir(), "busybox-image.tar")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := WriteTestImage(f, bins); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return bins
 }

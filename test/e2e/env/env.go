@@ -1,11 +1,12 @@
 // Package env starts the real components end-to-end tests run against, each
 // private to the test that starts it: a containerd with its own socket and
 // root, etcd plus kube-apiserver on free loopback ports with generated
-// certificates, and a mosquitto broker. Everything a test starts is stopped
-// by PID and its files removed in the test's cleanup.
+// certificates, a mosquitto broker, and an OCI registry. Everything a test
+// starts is stopped by PID and its files removed in the test's cleanup.
 //
 // The packages come from scripts/testenv/install.sh and the control-plane
-// binaries from scripts/testenv/build-tools.sh (`make testenv` runs both).
+// and registry binaries from scripts/testenv/build-tools.sh (`make
+// testenv` runs both).
 // Without root, every starter skips the test and says why.
 package env
 
@@ -24,8 +25,8 @@ import (
 	"time"
 )
 
-// ToolsDir returns where build-tools.sh put the control-plane binaries and
-// install.sh the busybox binaries.
+// ToolsDir returns where build-tools.sh put the control-plane and registry
+// binaries and install.sh the busybox binaries.
 func ToolsDir() string {
 	if d := os.Getenv("OUTPOST_TOOLS"); d != "" {
 		return d

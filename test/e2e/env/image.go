@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -44,7 +45,13 @@ type platform struct {
 }
 
 // layout collects the blobs of an OCI image layout.
-type layout struct{ blobs map[string][]byte }
+type layout struct {
+	blobs map[string][]byte
+	// manifests are the image manifests, one per platform, and index
+	// the image index over them.
+	manifests []descriptor
+	index     descriptor
+}
 
 func (l *layout) add(mediaType string, data []byte) descriptor {
 	sum := sha256.Sum256(data)
@@ -57,6 +64,57 @@ func (l *layout) add(mediaType string, data []byte) descriptor {
 // `ctr images import` and containerd's Import read it. busybox maps a
 // GOARCH (amd64, arm64) to a static busybox binary for it.
 func WriteTestImage(w io.Writer, busybox map[string]string) error {
+	return WriteTestImageAs(w, busybox, TestImage)
+}
+
+// WriteTestImageAs writes the test image as WriteTestImage does, named
+// name (a full reference with a tag, such as outpost.test/other:1) instead
+// of TestImage.
+func WriteTestImageAs(w io.Writer, busybox map[string]string, name string) error {
+	l, err := buildTestImage(busybox)
+	if err != nil {
+		return err
+	}
+	top := l.index
+	tag := name[strings.LastIndex(name, ":")+1:]
+	top.Annotations = map[string]string{
+		"io.containerd.image.name":          name,
+		"org.opencontainers.image.ref.name": tag,
+	}
+	index, _ := json.Marshal(map[string]any{
+		"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []descriptor{top},
+	})
+
+	tw := tar.NewWriter(w)
+	put := func(path string, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Name: path, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	if err := put("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
+		return err
+	}
+	if err := put("index.json", index); err != nil {
+		return err
+	}
+	digests := make([]string, 0, len(l.blobs))
+	for d := range l.blobs {
+		digests = append(digests, d)
+	}
+	sort.Strings(digests)
+	for _, d := range digests {
+		if err := put(filepath.Join("blobs", "sha256", d[len("sha256:"):]), l.blobs[d]); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+// buildTestImage makes the blobs of the test image: per architecture a
+// layer, a config and a manifest, and an index over the manifests.
+func buildTestImage(busybox map[string]string) (*layout, error) {
 	l := &layout{blobs: map[string][]byte{}}
 	arches := make([]string, 0, len(busybox))
 	for a := range busybox {
@@ -67,11 +125,11 @@ func WriteTestImage(w io.Writer, busybox map[string]string) error {
 	for _, arch := range arches {
 		bin, err := os.ReadFile(busybox[arch])
 		if err != nil {
-			return fmt.Errorf("test image %s: %w", arch, err)
+			return nil, fmt.Errorf("test image %s: %w", arch, err)
 		}
 		layerTar, err := rootfs(bin)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		diffID := sha256.Sum256(layerTar)
 		var gz bytes.Buffer
@@ -97,40 +155,9 @@ func WriteTestImage(w io.Writer, busybox map[string]string) error {
 	idx, _ := json.Marshal(map[string]any{
 		"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests,
 	})
-	top := l.add("application/vnd.oci.image.index.v1+json", idx)
-	top.Annotations = map[string]string{
-		"io.containerd.image.name":          TestImage,
-		"org.opencontainers.image.ref.name": "1.35",
-	}
-	index, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []descriptor{top},
-	})
-
-	tw := tar.NewWriter(w)
-	put := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := put("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return err
-	}
-	if err := put("index.json", index); err != nil {
-		return err
-	}
-	digests := make([]string, 0, len(l.blobs))
-	for d := range l.blobs {
-		digests = append(digests, d)
-	}
-	sort.Strings(digests)
-	for _, d := range digests {
-		if err := put(filepath.Join("blobs", "sha256", d[len("sha256:"):]), l.blobs[d]); err != nil {
-			return err
-		}
-	}
-	return tw.Close()
+	l.manifests = manifests
+	l.index = l.add("application/vnd.oci.image.index.v1+json", idx)
+	return l, nil
 }
 
 // rootfs builds the image's one layer: busybox, its applet links, and the

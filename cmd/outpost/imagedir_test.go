@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+)
+
+// fakeImporter records the files it is asked to import; a file whose
+// content starts with "bad" fails.
+type fakeImporter struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (f *fakeImporter) ImportFile(_ context.Context, path string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, filepath.Base(path))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if bytes.HasPrefix(data, []byte("bad")) {
+		return nil, errors.New("not a tarball")
+	}
+	return []string{"img/" + filepath.Base(path)}, nil
+}
+
+func (f *fakeImporter) take() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.calls
+	f.calls = nil
+	return c
+}
+
+func TestImageDirImportsSettledNewAndChangedFiles(t *testing.T) {
+	dir := t.TempDir()
+	var logs bytes.Buffer
+	imp := &fakeImporter{}
+	d := newImageDir(dir, imp, slog.New(slog.NewTextHandler(&logs, nil)))
+	wakes := 0
+	d.onImport = func() { wakes++ }
+	mtime := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	write := func(name, body string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mtime = mtime.Add(time.Second)
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll := func(want ...string) {
+		t.Helper()
+		d.scan(context.Background(), true)
+		if got := imp.take(); !slices.Equal(got, want) {
+			t.Fatalf("imported %q, want %q", got, want)
+		}
+	}
+
+	// At start everything present is imported at once.
+	write("a.tar", "a")
+	write("notes.txt", "not a tarball name")
+	d.importAll(context.Background())
+	if got := imp.take(); !slices.Equal(got, []string{"a.tar"}) {
+		t.Fatalf("imported at start %q, want a.tar", got)
+	}
+	if wakes != 1 {
+		t.Fatalf("%d wakes after the start import, want 1", wakes)
+	}
+	poll() // nothing new
+
+	// A new file being copied: imported only once two polls agree.
+	write("b.tar", "bb")
+	poll()
+	write("b.tar", "bbbb") // still growing
+	poll()
+	poll("b.tar")
+	poll()
+	if wakes != 2 {
+		t.Fatalf("%d wakes, want 2", wakes)
+	}
+
+	// A changed file is imported again once it settles.
+	write("a.tar", "a2")
+	poll()
+	poll("a.tar")
+
+	// A failed import is logged with the file and not retried until the
+	// file changes; no wake for it.
+	write("c.tar", "bad")
+	poll()
+	poll("c.tar")
+	poll()
+	poll()
+	if !strings.Contains(logs.String(), "c.tar") || !strings.Contains(logs.String(), "not a tarball") {
+		t.Fatalf("failed import not logged with its file:\n%s", logs.String())
+	}
+	if wakes != 3 {
+		t.Fatalf("%d wakes, want 3", wakes)
+	}
+	write("c.tar", "good now")
+	poll()
+	poll("c.tar")
+
+	// A file removed and put back is imported again.
+	if err := os.Remove(filepath.Join(dir, "b.tar")); err != nil {
+		t.Fatal(err)
+	}
+	poll()
+	write("b.tar", "bbbb")
+	poll()
+	poll("b.tar")
+}
+
+func TestImageDirMissingDirIsQuietAndPickedUpLater(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "images")
+	var logs bytes.Buffer
+	imp := &fakeImporter{}
+	d := newImageDir(dir, imp, slog.New(slog.NewTextHandler(&logs, nil)))
+	d.importAll(context.Background())
+	d.scan(context.Background(), true)
+	if logs.Len() != 0 {
+		t.Fatalf("a missing image dir was logged:\n%s", logs.String())
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "x.tar"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.scan(context.Background(), true)
+	d.scan(context.Background(), true)
+	if got := imp.take(); !slices.Equal(got, []string{"x.tar"}) {
+		t.Fatalf("imported %q, want x.tar", got)
+	}
+}
+
+func TestImageDirWatchStopsWithContext(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "x.tar"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	imp := &fakeImporter{}
+	d := newImageDir(dir, imp, slog.New(slog.DiscardHandler))
+	clk := clocktest.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.watch(ctx, clk, imagePollInterval); close(done) }()
+	for clk.Waiters() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		clk.Advance(imagePollInterval)
+		imp.mu.Lock()
+		n := len(imp.calls)
+		imp.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("x.tar not imported by the watch loop")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+}
