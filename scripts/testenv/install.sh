@@ -5,10 +5,10 @@
 set -euo pipefail
 
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
-PKGS=(containerd runc mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates python3)
+PKGS=(containerd runc mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates python3 jq)
 # Commands that say a package is there. The package manager is asked only
 # when one is missing, so a second run costs nothing.
-CMDS=(containerd runc mosquitto mosquitto_pub busybox nft ip update-ca-certificates python3)
+CMDS=(containerd runc mosquitto mosquitto_pub busybox nft ip update-ca-certificates python3 jq)
 
 if [[ $(id -u) != 0 ]]; then
 	echo "install.sh: must run as root (apt-get install)" >&2
