@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -53,7 +54,9 @@ type Config struct {
 	// it survives an agent restart and not a reboot (default
 	// /run/outpost/fifo).
 	FIFODir string
-	Log     crilog.Options
+	// ShimGroups is how many shims the pods share (see shimGroup).
+	ShimGroups int
+	Log        crilog.Options
 }
 
 // Deps are the adapter's collaborators.
@@ -75,6 +78,9 @@ type Runtime struct {
 	// starting many containers of one image (a reboot) reads its config
 	// from the content store once.
 	images map[string]cachedImage
+	// groups serialises task creation and deletion per shim group (see
+	// lockGroup).
+	groups map[string]*sync.Mutex
 }
 
 type cachedImage struct {
@@ -226,6 +232,7 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		oci.WithMounts(s.Mounts),
 		oci.WithCgroup(s.CgroupParent + "/" + s.ID),
 		withNoNewPrivileges(s.Security.NoNewPrivileges),
+		oci.WithAnnotations(map[string]string{shimGroupAnnotation: r.shimGroup(s.Labels[agent.LabelPodUID])}),
 	}
 	if s.Hostname != "" {
 		opts = append(opts, oci.WithHostname(s.Hostname))
@@ -283,7 +290,9 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		)
 		return err
 	}
+	t0 := r.deps.Clock.Now()
 	err := newContainer()
+	r.deps.Log.Debug("create container", "container", s.ID, "took", r.deps.Clock.Since(t0), "err", err)
 	if errdefs.IsAlreadyExists(err) {
 		if _, lerr := r.client.LoadContainer(ctx, s.ID); lerr == nil {
 			return fmt.Errorf("create %s: %w", s.ID, agent.ErrExists)
@@ -305,6 +314,46 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		return fmt.Errorf("create %s: %w", s.ID, err)
 	}
 	return nil
+}
+
+// shimGroupAnnotation makes the runc shim serve every container whose
+// spec carries the same value from one process (the shim's grouping, as
+// CRI uses it for a sandbox's containers).
+const shimGroupAnnotation = "io.containerd.runc.v2.group"
+
+// shimGroup names the shim a pod's containers share: one of ShimGroups
+// by a hash of the pod UID, or the pod's own when ShimGroups is 0. Each
+// shim is a process of several MiB and starting one is a good part of a
+// container start, so on a small board a few shared ones beat one per pod.
+func (r *Runtime) shimGroup(podUID string) string {
+	if r.cfg.ShimGroups <= 0 {
+		return "outpost-pod-" + podUID
+	}
+	h := fnv.New32a()
+	h.Write([]byte(podUID))
+	return fmt.Sprintf("outpost-%d", h.Sum32()%uint32(r.cfg.ShimGroups))
+}
+
+// lockGroup locks the shim group of a container with these labels and
+// returns the unlock. The first task of a group starts its shim; tasks
+// created at the same moment would race to start it (each `shim start`
+// takes the group's socket and may remove another's), and a task created
+// while the group's last one is deleted could reach a shim that is
+// shutting down. The shim serialises creates in a group anyway.
+func (r *Runtime) lockGroup(labels map[string]string) func() {
+	g := r.shimGroup(labels[agent.LabelPodUID])
+	r.mu.Lock()
+	if r.groups == nil {
+		r.groups = map[string]*sync.Mutex{}
+	}
+	m := r.groups[g]
+	if m == nil {
+		m = new(sync.Mutex)
+		r.groups[g] = m
+	}
+	r.mu.Unlock()
+	m.Lock()
+	return m.Unlock
 }
 
 func capNames(caps []string) []string {
@@ -403,15 +452,21 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
+	t0 := r.deps.Clock.Now()
+	unlock := r.lockGroup(labels)
+	t1 := r.deps.Clock.Now()
 	// A task left from an earlier, failed start is replaced.
 	if old, err := c.Task(ctx, nil); err == nil {
 		old.Delete(ctx, containerd.WithProcessKill)
 	}
 	out, errOut, closeLog, err := r.logStreams(labels[agent.LabelLogPath])
 	if err != nil {
+		unlock()
 		return fmt.Errorf("start %s: %w", id, err)
 	}
-	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithFIFODir(r.cfg.FIFODir), cio.WithStreams(nil, out, errOut)))
+	task, err := c.NewTask(ctx, streamCreator(r.cfg.FIFODir, out, errOut))
+	unlock()
+	t2 := r.deps.Clock.Now()
 	if err != nil {
 		closeLog()
 		return fmt.Errorf("start %s: create task: %w", id, err)
@@ -421,6 +476,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		task.Delete(ctx, containerd.WithProcessKill)
 		return fmt.Errorf("start %s: %w", id, err)
 	}
+	r.deps.Log.Debug("start task", "container", id, "group wait", t1.Sub(t0), "create", t2.Sub(t1), "start", r.deps.Clock.Since(t2))
 	if _, err := c.SetLabels(ctx, map[string]string{agent.LabelStartedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
 		return fmt.Errorf("start %s: record start time: %w", id, err)
 	}
@@ -470,7 +526,7 @@ func (r *Runtime) reattach(ctx context.Context, c containerd.Container, labels m
 		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)
 		return
 	}
-	task, err := c.Task(ctx, cio.NewAttach(cio.WithStreams(nil, out, errOut)))
+	task, err := c.Task(ctx, streamAttach(out, errOut))
 	if err != nil {
 		closeLog()
 		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)
@@ -533,7 +589,13 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 // reap deletes an ended task, recording its exit in the container's
 // labels so the state outlives the task (and its shim).
 func (r *Runtime) reap(ctx context.Context, c containerd.Container, task containerd.Task) error {
+	cl, err := c.Labels(ctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete task %s: %w", c.ID(), err)
+	}
+	unlock := r.lockGroup(cl)
 	st, err := task.Delete(ctx)
+	unlock()
 	if err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("delete task %s: %w", c.ID(), err)
 	}
@@ -571,7 +633,11 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	if task, err := c.Task(ctx, nil); err == nil {
-		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		cl, _ := c.Labels(ctx)
+		unlock := r.lockGroup(cl)
+		_, err := task.Delete(ctx, containerd.WithProcessKill)
+		unlock()
+		if err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove %s: task: %w", id, err)
 		}
 	}

@@ -58,6 +58,9 @@ type Containerd struct {
 	Address string `json:"address"`
 	// Namespace is the containerd namespace outpost keeps its pods in.
 	Namespace string `json:"namespace"`
+	// ShimGroups is how many containerd shims the pods share; 0 gives
+	// every pod a shim of its own.
+	ShimGroups int `json:"shimGroups"`
 }
 
 // Network holds the node's address ranges.
@@ -100,7 +103,7 @@ func Default() Config {
 
 		ContainerLogMaxSize:  "10Mi",
 		ContainerLogMaxFiles: 5,
-		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost"},
+		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4},
 		Network: Network{
 			PodCIDR:       "10.42.0.0/24",
 			ServiceCIDR:   "10.43.0.0/16",
@@ -214,6 +217,9 @@ func (c Config) validate(name string) error {
 	}
 	if errs := validation.IsDNS1123Label(c.Containerd.Namespace); len(errs) > 0 {
 		bad("containerd.namespace", "%q is not a valid namespace: %s", c.Containerd.Namespace, errs[0])
+	}
+	if c.Containerd.ShimGroups < 0 || c.Containerd.ShimGroups > 256 {
+		bad("containerd.shimGroups", "%d is not between 0 and 256", c.Containerd.ShimGroups)
 	}
 	podNet, podOK := checkCIDR(bad, "network.podCIDR", c.Network.PodCIDR)
 	svcNet, svcOK := checkCIDR(bad, "network.serviceCIDR", c.Network.ServiceCIDR)

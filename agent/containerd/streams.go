@@ -1,0 +1,113 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/containerd/containerd/v2/pkg/cio"
+)
+
+// streamBufSize is the buffer each container output stream is copied
+// through. cio's own copy holds a 32 KiB buffer per stream for the life
+// of the container, 1.9 MiB of heap for 30 one-container pods; reads from
+// a FIFO return what the container wrote, so a small buffer only means
+// more reads for a container that writes a lot at once.
+const streamBufSize = 4 << 10
+
+// streams is a cio.IO that copies a task's stdout and stderr FIFOs to
+// writers through small buffers. It has no stdin.
+type streams struct {
+	dio *cio.DirectIO
+	wg  sync.WaitGroup
+}
+
+// newStreams opens the FIFOs and starts copying them to out and errOut.
+func newStreams(fifos *cio.FIFOSet, out, errOut io.Writer) (*streams, error) {
+	fifos.Stdin = ""
+	dio, err := cio.NewDirectIO(context.Background(), fifos)
+	if err != nil {
+		return nil, err
+	}
+	s := &streams{dio: dio}
+	s.copy(out, dio.Stdout)
+	if !fifos.Terminal {
+		s.copy(errOut, dio.Stderr)
+	}
+	return s, nil
+}
+
+func (s *streams) copy(w io.Writer, r io.ReadCloser) {
+	if r == nil {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer r.Close()
+		buf := make([]byte, streamBufSize)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// Config implements cio.IO.
+func (s *streams) Config() cio.Config { return s.dio.Config() }
+
+// Wait implements cio.IO: it returns when both copies have ended.
+func (s *streams) Wait() { s.wg.Wait() }
+
+// Close implements cio.IO: it closes the FIFOs and removes them.
+func (s *streams) Close() error { return s.dio.Close() }
+
+// Cancel implements cio.IO: it stops the copies.
+func (s *streams) Cancel() {
+	s.dio.Cancel()
+	if s.dio.Stdout != nil {
+		s.dio.Stdout.Close()
+	}
+	if s.dio.Stderr != nil {
+		s.dio.Stderr.Close()
+	}
+}
+
+// streamCreator makes a task's IO in dir: new FIFOs copied to out and
+// errOut.
+func streamCreator(dir string, out, errOut io.Writer) cio.Creator {
+	return func(id string) (cio.IO, error) {
+		fifos, err := cio.NewFIFOSetInDir(dir, id, false)
+		if err != nil {
+			return nil, err
+		}
+		s, err := newStreams(fifos, out, errOut)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+}
+
+// streamAttach reopens a running task's FIFOs and copies them to out and
+// errOut.
+func streamAttach(out, errOut io.Writer) cio.Attach {
+	return func(fifos *cio.FIFOSet) (cio.IO, error) {
+		if fifos == nil {
+			return nil, errors.New("task has no output FIFOs to attach to")
+		}
+		s, err := newStreams(fifos, out, errOut)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+}
