@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 	corev1 "k8s.io/api/core/v1"
@@ -229,41 +231,34 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 		}
 		vals[key] = v
 	}
-	var changed int
+	// Most calls (a periodic re-read of the manifests) change nothing:
+	// look first, so an unchanged set costs no write transaction, no
+	// fsync and no flash wear.
 	var conflicts []error
+	var dirty bool
+	if err := c.s.db.View(func(tx *bolt.Tx) error {
+		stale, puts, conf := c.replaceDiff(tx, src, vals)
+		dirty, conflicts = len(stale)+len(puts) > 0, conf
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	if !dirty {
+		return 0, errors.Join(append(errs, conflicts...)...)
+	}
+	var changed int
 	err := c.s.batch(func(tx *bolt.Tx) error {
-		changed, conflicts = 0, nil
+		stale, puts, conf := c.replaceDiff(tx, src, vals)
+		changed, conflicts = 0, conf
 		b := tx.Bucket(c.kind.bucket())
-		var stale [][]byte
-		err := b.ForEach(func(k, v []byte) error {
-			if s, err := recordSource(v); err == nil && s == src {
-				if _, keep := vals[string(k)]; !keep {
-					stale = append(stale, append([]byte(nil), k...))
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
 		for _, k := range stale {
 			if err := b.Delete(k); err != nil {
 				return err
 			}
 			changed++
 		}
-		for k, v := range vals {
-			old := b.Get([]byte(k))
-			if bytes.Equal(old, v) {
-				continue
-			}
-			if old != nil {
-				if s, err := recordSource(old); err == nil && s != src {
-					conflicts = append(conflicts, fmt.Errorf("store %s %s from %s: %w (%s)", c.kind, k, src, ErrSourceConflict, s))
-					continue
-				}
-			}
-			if err := b.Put([]byte(k), v); err != nil {
+		for _, k := range puts {
+			if err := b.Put([]byte(k), vals[k]); err != nil {
 				return err
 			}
 			changed++
@@ -277,4 +272,33 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 		c.s.notify(c.kind)
 	}
 	return changed, errors.Join(append(errs, conflicts...)...)
+}
+
+// replaceDiff is what Replace(src, vals) must do in tx: the keys of src's
+// records to delete, the keys to put (sorted), and the keys another source
+// owns.
+func (c Collection[T, P]) replaceDiff(tx *bolt.Tx, src Source, vals map[string][]byte) (stale [][]byte, puts []string, conflicts []error) {
+	b := tx.Bucket(c.kind.bucket())
+	b.ForEach(func(k, v []byte) error {
+		if s, err := recordSource(v); err == nil && s == src {
+			if _, keep := vals[string(k)]; !keep {
+				stale = append(stale, append([]byte(nil), k...))
+			}
+		}
+		return nil
+	})
+	for _, k := range slices.Sorted(maps.Keys(vals)) {
+		old := b.Get([]byte(k))
+		if bytes.Equal(old, vals[k]) {
+			continue
+		}
+		if old != nil {
+			if s, err := recordSource(old); err == nil && s != src {
+				conflicts = append(conflicts, fmt.Errorf("store %s %s from %s: %w (%s)", c.kind, k, src, ErrSourceConflict, s))
+				continue
+			}
+		}
+		puts = append(puts, k)
+	}
+	return stale, puts, conflicts
 }

@@ -96,15 +96,33 @@ func TestReplaceTouchesOnlyItsSource(t *testing.T) {
 	if got, want := strings.Join(names, ","), "api:api,static:keep,static:new"; got != want {
 		t.Fatalf("after replace: %s, want %s", got, want)
 	}
-	// The same set again changes nothing.
+	// The same set again changes nothing and commits no transaction.
+	before := lastTxID(t, s)
 	if n, err := s.Pods().Replace(SourceStatic, []*corev1.Pod{pod("default", "keep", "x"), pod("default", "new", "y")}); n != 0 || err != nil {
 		t.Fatalf("idempotent replace changed %d, err %v", n, err)
 	}
-	// A name owned by another source is skipped, the rest still written.
+	if after := lastTxID(t, s); after != before {
+		t.Fatalf("idempotent replace committed a transaction (txid %d -> %d)", before, after)
+	}
+	// A name owned by another source is skipped, also when nothing else
+	// changes, and the rest still written.
+	if _, err := s.Pods().Replace(SourceStatic, []*corev1.Pod{pod("default", "api", "z"), pod("default", "keep", "x"), pod("default", "new", "y")}); !errors.Is(err, ErrSourceConflict) {
+		t.Fatalf("replace with only a conflict: err %v, want ErrSourceConflict", err)
+	}
 	n, err = s.Pods().Replace(SourceStatic, []*corev1.Pod{pod("default", "api", "z"), pod("default", "keep", "x")})
 	if !errors.Is(err, ErrSourceConflict) || n != 1 {
 		t.Fatalf("replace with conflict: changed %d, err %v", n, err)
 	}
+}
+
+// lastTxID is the id of the store's last committed write transaction.
+func lastTxID(t *testing.T, s *Store) int {
+	t.Helper()
+	var id int
+	if err := s.db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 func TestNotificationsCoalescePerKind(t *testing.T) {
