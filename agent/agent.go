@@ -57,7 +57,8 @@ type Agent struct {
 	deps    Deps
 	started time.Time
 
-	pods *podManager
+	pods      *podManager
+	manifests staticpods.Reader
 
 	mu             sync.Mutex
 	manifestErrors []string
@@ -181,7 +182,7 @@ func (a *Agent) SyncManifests() error {
 	if unchanged {
 		return nil
 	}
-	m, err := staticpods.Read(a.cfg.ManifestDir, a.cfg.NodeName)
+	m, err := a.manifests.Read(a.cfg.ManifestDir, a.cfg.NodeName)
 	if err != nil {
 		return err
 	}

@@ -133,6 +133,10 @@ func (m *podManager) run(ctx context.Context) {
 				exits = nil
 				continue
 			}
+			if id == "" {
+				m.wakeAll()
+				continue
+			}
 			m.wakeByContainer(id)
 		}
 	}

@@ -36,8 +36,8 @@ type Runtime interface {
 	// combined output (at most 64 KiB).
 	Exec(ctx context.Context, id string, cmd []string) (int, []byte, error)
 	// Exits delivers the ID of each container whose process exited, until
-	// ctx ends. A reconnect to the runtime may drop events, so readers also
-	// re-list periodically.
+	// ctx ends. An empty ID means events may have been lost (the runtime
+	// was reconnected): every pod should look at its containers again.
 	Exits(ctx context.Context) <-chan string
 }
 

@@ -46,8 +46,15 @@ const (
 	backoffInitial = 10 * time.Second
 	backoffMax     = 5 * time.Minute
 	backoffReset   = 10 * time.Minute
-	// resync is how often a worker re-reads its containers with no event.
-	resync = 10 * time.Second
+	// resync is how often a worker re-reads its containers with no event,
+	// kubelet's default sync frequency. Exits come as events and probe
+	// results, store changes and backoff deadlines wake the worker, so
+	// this is a safety net; each re-read is three calls to containerd per
+	// container, the largest part of an idle agent's CPU at 10 s.
+	resync = time.Minute
+	// neverPullRetry is how often a container whose image must not be
+	// pulled looks for it on the node, as kubelet retries a failed sync.
+	neverPullRetry = 10 * time.Second
 )
 
 // worker owns one pod, by UID: one goroutine, woken by a buffered-1
@@ -554,7 +561,7 @@ func (w *worker) pullImage(ctx context.Context, pod *corev1.Pod, c *corev1.Conta
 			w.m.events.record(pod, "Warning", "ErrImageNeverPull", err.Error())
 		}
 		w.setWaiting(c.Name, "ErrImageNeverPull", err.Error())
-		return Image{}, resync, false
+		return Image{}, neverPullRetry, false
 	}
 	ps := w.pulls[c.Image]
 	if ps == nil || now.Sub(ps.failed) > 2*pullBackoffMax {

@@ -841,3 +841,21 @@ func TestPostStartHook(t *testing.T) {
 	h.advance(10 * time.Second)
 	h.eventually("second attempt running", func() bool { return h.running(id(p, "app", 1)) })
 }
+
+func TestLostExitEventsSeenAfterReconnect(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("quiet", corev1.RestartPolicyAlways, ctr("app"))
+	h.put(p)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
+	// The exit happens while the agent's event stream is down: nothing
+	// wakes the worker, and its resync is a minute away.
+	if err := h.rt.ExitUnseen(id(p, "app", 0), 1); err != nil {
+		t.Fatal(err)
+	}
+	n := h.clk.syncs()
+	h.rt.Reconnect()
+	h.synced(n, "exit seen after the reconnect", func() bool {
+		return h.container(p, "app").LastTerminationState.Terminated != nil
+	})
+}

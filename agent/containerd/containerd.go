@@ -781,8 +781,16 @@ func (r *Runtime) Exits(ctx context.Context) <-chan string {
 	go func() {
 		defer close(out)
 		backoff := time.Second
-		for ctx.Err() == nil {
+		for first := true; ctx.Err() == nil; first = false {
 			envs, errs := r.client.Subscribe(r.ctx(ctx), `topic=="/tasks/exit"`, `topic=="/tasks/oom"`)
+			if !first {
+				// Exits while unsubscribed are lost: have every pod look.
+				select {
+				case out <- "":
+				case <-ctx.Done():
+					return
+				}
+			}
 		recv:
 			for {
 				select {

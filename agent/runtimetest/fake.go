@@ -201,6 +201,32 @@ func (f *Fake) exited(id string, c *container, code int32) {
 	}
 }
 
+// ExitUnseen ends a running container like Exit but sends no exit event,
+// as when the agent's event stream was down at that moment.
+func (f *Fake) ExitUnseen(id string, code int32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.containers[id]
+	if !ok || c.state != agent.StateRunning {
+		return fmt.Errorf("exit %s: %w", id, agent.ErrNotFound)
+	}
+	c.state, c.exitCode, c.finishedAt = agent.StateExited, code, f.clock.Now()
+	return nil
+}
+
+// Reconnect tells the Exits readers that events may have been lost, as
+// the containerd adapter does after it subscribes again.
+func (f *Fake) Reconnect() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ch := range f.subs {
+		select {
+		case ch <- "":
+		default:
+		}
+	}
+}
+
 // Reboot ends every running container the way a node reboot looks to the
 // agent afterwards: exited with code 255 and reason agent.ReasonLost,
 // finished now (when the runtime adapter first finds it dead), with no

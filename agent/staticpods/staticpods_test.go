@@ -3,6 +3,7 @@ package staticpods
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -599,5 +600,45 @@ func TestParsePodWithBadMetadataYieldsOnlyAnError(t *testing.T) {
 				t.Fatalf("error\n%s\nwant it to start with\n%s", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestReaderParsesOnlyChangedFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("web.yaml", webPod)
+	write("cm.yaml", goodConfigMap)
+	var r Reader
+	first, err := r.Read(dir, "pi")
+	if err != nil || len(first.Pods) != 1 || len(first.ConfigMaps) != 1 {
+		t.Fatalf("first read: %d pods, %d config maps, err %v", len(first.Pods), len(first.ConfigMaps), err)
+	}
+	cached := r.files["web.yaml"].m.Pods[0]
+	// What a read returns is the caller's: changing it changes no later read.
+	first.Pods[0].Spec.Containers[0].Image = "changed"
+	second, _ := r.Read(dir, "pi")
+	if r.files["web.yaml"].m.Pods[0] != cached {
+		t.Fatal("an unchanged file was decoded again")
+	}
+	if got := second.Pods[0].Spec.Containers[0].Image; got == "changed" {
+		t.Fatal("a read shares its objects with an earlier read")
+	}
+	if !reflect.DeepEqual(second.Pods[0], r.files["web.yaml"].m.Pods[0]) {
+		t.Fatal("a cached read differs from the parse")
+	}
+	// New content is decoded; a removed file is forgotten.
+	write("web.yaml", strings.Replace(webPod, "name: web", "name: web2", 1))
+	os.Remove(filepath.Join(dir, "cm.yaml"))
+	third, _ := r.Read(dir, "pi")
+	if len(third.Pods) != 1 || third.Pods[0].Name != "web2-pi" || len(third.ConfigMaps) != 0 {
+		t.Fatalf("after the edit: pods %v, %d config maps", third.Pods, len(third.ConfigMaps))
+	}
+	if _, ok := r.files["cm.yaml"]; ok {
+		t.Fatal("a removed file is still cached")
 	}
 }
