@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent/podenv"
 	"github.com/outpost-edge/outpost/agent/prober"
+	"github.com/outpost-edge/outpost/agent/staticpods"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -584,18 +584,7 @@ func pullPolicy(c *corev1.Container) corev1.PullPolicy {
 	if c.ImagePullPolicy != "" {
 		return c.ImagePullPolicy
 	}
-	ref, digested := c.Image, false
-	if i := strings.Index(ref, "@"); i >= 0 {
-		ref, digested = ref[:i], true
-	}
-	tag := ""
-	if colon := strings.LastIndex(ref, ":"); colon > strings.LastIndex(ref, "/") {
-		tag = ref[colon+1:]
-	}
-	if tag == "latest" || (tag == "" && !digested) {
-		return corev1.PullAlways
-	}
-	return corev1.PullIfNotPresent
+	return staticpods.DefaultPullPolicy(c.Image)
 }
 
 func (w *worker) setWaiting(name, reason, msg string) {

@@ -513,10 +513,7 @@ func defaultContainer(c *corev1.Container) {
 		c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
 	}
 	if c.ImagePullPolicy == "" {
-		c.ImagePullPolicy = corev1.PullIfNotPresent
-		if tag := imageTag(c.Image); tag == "" || tag == "latest" {
-			c.ImagePullPolicy = corev1.PullAlways
-		}
+		c.ImagePullPolicy = DefaultPullPolicy(c.Image)
 	}
 	for i := range c.Ports {
 		if c.Ports[i].Protocol == "" {
@@ -525,17 +522,23 @@ func defaultContainer(c *corev1.Container) {
 	}
 }
 
-// imageTag returns the tag of an image reference, "" if it has none or is
-// pinned by digest ("@" references are never "latest").
-func imageTag(ref string) string {
-	if strings.Contains(ref, "@") {
-		return "digest"
+// DefaultPullPolicy is the pull policy the Kubernetes API gives a
+// container that sets none: Always when the image's tag is "latest", or
+// when it has neither tag nor digest; IfNotPresent otherwise
+// ("x:latest@sha256:..." is Always, "x@sha256:..." IfNotPresent).
+func DefaultPullPolicy(image string) corev1.PullPolicy {
+	name, digested := image, false
+	if i := strings.Index(image, "@"); i >= 0 {
+		name, digested = image[:i], true
 	}
-	slash := strings.LastIndex(ref, "/")
-	if colon := strings.LastIndex(ref, ":"); colon > slash {
-		return ref[colon+1:]
+	tag := ""
+	if colon := strings.LastIndex(name, ":"); colon > strings.LastIndex(name, "/") {
+		tag = name[colon+1:]
 	}
-	return ""
+	if tag == "latest" || (tag == "" && !digested) {
+		return corev1.PullAlways
+	}
+	return corev1.PullIfNotPresent
 }
 
 // Sorted returns pods sorted by namespace/name, for stable output.

@@ -642,3 +642,20 @@ func TestReaderParsesOnlyChangedFiles(t *testing.T) {
 		t.Fatal("a removed file is still cached")
 	}
 }
+
+func TestDefaultPullPolicyLikeTheAPI(t *testing.T) {
+	for image, want := range map[string]corev1.PullPolicy{
+		"busybox":                        corev1.PullAlways,
+		"busybox:latest":                 corev1.PullAlways,
+		"busybox:1.35":                   corev1.PullIfNotPresent,
+		"localhost:5000/busybox":         corev1.PullAlways,
+		"localhost:5000/busybox:1":       corev1.PullIfNotPresent,
+		"busybox@sha256:0123":            corev1.PullIfNotPresent,
+		"busybox:latest@sha256:0123":     corev1.PullAlways,
+		"localhost:5000/b:1@sha256:0123": corev1.PullIfNotPresent,
+	} {
+		if got := DefaultPullPolicy(image); got != want {
+			t.Errorf("DefaultPullPolicy(%q) = %s, want %s", image, got, want)
+		}
+	}
+}
