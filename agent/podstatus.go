@@ -105,7 +105,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 			initDone = false
 		}
 	}
-	allReady, running, succeeded, failed := true, 0, 0, 0
+	allReady, running, succeeded, failed, waiting := true, 0, 0, 0, 0
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		cs := w.containerStatus(pod, c, byName[c.Name])
@@ -120,6 +120,9 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		if cs.State.Waiting != nil {
 			// Waiting to restart after it ended: kubelet counts it as stopped.
 			term = cs.LastTerminationState.Terminated
+			if term == nil {
+				waiting++ // never ran yet
+			}
 		}
 		switch {
 		case cs.State.Running != nil:
@@ -136,7 +139,9 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 	case LifecycleFailed:
 		st.Phase = corev1.PodFailed
 	default:
-		if running > 0 || (initDone && succeeded+failed > 0 && len(pod.Spec.Containers) > 0 && running+succeeded+failed == len(pod.Spec.Containers)) {
+		// As kubelet's getPhase: a container that has not run yet keeps
+		// the pod Pending, even while others run.
+		if waiting == 0 && running > 0 || (waiting == 0 && initDone && succeeded+failed > 0 && len(pod.Spec.Containers) > 0 && running+succeeded+failed == len(pod.Spec.Containers)) {
 			st.Phase = corev1.PodRunning
 		} else {
 			st.Phase = corev1.PodPending

@@ -859,3 +859,23 @@ func TestLostExitEventsSeenAfterReconnect(t *testing.T) {
 		return h.container(p, "app").LastTerminationState.Terminated != nil
 	})
 }
+
+func TestPodPendingWhileAContainerHasNotRun(t *testing.T) {
+	h := newHarness(t)
+	side := ctr("side")
+	side.Image, side.ImagePullPolicy = "local:2", corev1.PullNever
+	p := newPod("half", corev1.RestartPolicyAlways, ctr("app"), side)
+	h.put(p)
+	h.start()
+	// As kubelet's getPhase: one container waiting to run for the first
+	// time keeps the pod Pending while the other runs.
+	h.synced(0, "app running, side waiting", func() bool {
+		return h.running(id(p, "app", 0)) && h.state(p, "side") == "waiting:ErrImageNeverPull"
+	})
+	if got := h.phase(p); got != corev1.PodPending {
+		t.Fatalf("phase %s with a container never run, want Pending", got)
+	}
+	h.rt.AddImage("local:2")
+	h.advance(10 * time.Second)
+	h.eventually("both running", func() bool { return h.running(id(p, "side", 0)) && h.phase(p) == corev1.PodRunning })
+}
