@@ -77,6 +77,7 @@ type worker struct {
 	startTime metav1.Time
 	waiting   map[string]corev1.ContainerStateWaiting
 	probes    map[string]*probeSet // by container ID
+	probing   sync.WaitGroup       // the probe goroutines
 	lastSent  []byte
 	volErr    string                // the last volume refresh error, logged once
 	pulls     map[string]*pullState // image pull backoff by image
@@ -128,7 +129,10 @@ func (w *worker) poke() {
 func (w *worker) run(ctx context.Context) {
 	timer := w.m.clock.NewTimer(0)
 	defer timer.Stop()
-	defer w.stopProbes("")
+	defer func() {
+		w.stopProbes("")
+		w.probing.Wait()
+	}()
 	for {
 		next, done := w.sync(ctx)
 		if done {
@@ -833,7 +837,17 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 			w.log.Warn("bad probe", "container", c.Name, "err", err)
 			return
 		}
-		go pw.Run(pctx)
+		if pctx.Err() != nil {
+			return // the container's probes were stopped meanwhile
+		}
+		// Add runs on the worker's goroutine or on a running probe's (a
+		// startup probe that succeeded), so never with the count at zero
+		// while run waits.
+		w.probing.Add(1)
+		go func() {
+			defer w.probing.Done()
+			pw.Run(pctx)
+		}()
 	}
 	startLiveReady := func() {
 		if c.LivenessProbe != nil {
