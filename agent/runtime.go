@@ -96,7 +96,18 @@ type ContainerSpec struct {
 	CgroupParent string
 	Resources    Resources
 	Security     Security
-	TTY, Stdin   bool
+	// TTY gives the process a terminal (OCI process.terminal), as the
+	// container's tty field asks. Its output, stdout and stderr together,
+	// is one stream, logged as stdout.
+	TTY bool
+	// Stdin gives the process a stdin the runtime holds open, so a read
+	// blocks instead of ending at once as on /dev/null (without Stdin),
+	// as kubelet's container with stdin and nobody attached.
+	Stdin bool
+	// StdinOnce is the container's stdinOnce: stdin is closed after the
+	// first attach session ends. With no attach yet it changes nothing;
+	// it is carried for the attach to come.
+	StdinOnce bool
 }
 
 // Resources are the cgroup settings of a container.

@@ -640,7 +640,7 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		CgroupParent: "/outpost/pod" + w.uid,
 		Resources:    resources(pod, c, QoSClass(pod), w.m.cfg.MemoryCapacity),
 		Security:     sec,
-		TTY:          c.TTY, Stdin: c.Stdin,
+		TTY:          c.TTY, Stdin: c.Stdin, StdinOnce: c.StdinOnce,
 	}, nil
 }
 

@@ -375,6 +375,61 @@ func TestPodContainersAreCreatedAndStartedOnce(t *testing.T) {
 	}
 }
 
+// TestContainerSpecCarriesTTYAndStdin checks that a container's tty,
+// stdin and stdinOnce reach the runtime's spec, and that a container
+// without them asks for none.
+func TestContainerSpecCarriesTTYAndStdin(t *testing.T) {
+	h := newHarness(t)
+	with := func(name string, set func(c *corev1.Container)) corev1.Container {
+		c := ctr(name)
+		set(&c)
+		return c
+	}
+	p := newPod("stdio", corev1.RestartPolicyAlways,
+		ctr("plain"),
+		with("term", func(c *corev1.Container) { c.TTY = true }),
+		with("in", func(c *corev1.Container) { c.Stdin = true }),
+		with("once", func(c *corev1.Container) { c.Stdin, c.StdinOnce = true, true }),
+		with("both", func(c *corev1.Container) { c.TTY, c.Stdin = true, true }),
+	)
+	h.put(p)
+	h.start()
+	h.synced(0, "all containers running", func() bool {
+		for _, c := range p.Spec.Containers {
+			if !h.running(id(p, c.Name, 0)) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, tc := range []struct {
+		name                  string
+		tty, stdin, stdinOnce bool
+	}{
+		{name: "plain"},
+		{name: "term", tty: true},
+		{name: "in", stdin: true},
+		{name: "once", stdin: true, stdinOnce: true},
+		{name: "both", tty: true, stdin: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec, ok := h.rt.Spec(id(p, tc.name, 0))
+			if !ok {
+				t.Fatalf("no container %s:\n%s", tc.name, h.rt.Dump())
+			}
+			if spec.TTY != tc.tty || spec.Stdin != tc.stdin || spec.StdinOnce != tc.stdinOnce {
+				t.Fatalf("spec tty=%v stdin=%v stdinOnce=%v, want %v %v %v",
+					spec.TTY, spec.Stdin, spec.StdinOnce, tc.tty, tc.stdin, tc.stdinOnce)
+			}
+		})
+	}
+	h.wantDump(id(p, "both", 0) + " running attempt=0 tty stdin\n" +
+		id(p, "in", 0) + " running attempt=0 stdin\n" +
+		id(p, "once", 0) + " running attempt=0 stdin stdinOnce\n" +
+		id(p, "plain", 0) + " running attempt=0\n" +
+		id(p, "term", 0) + " running attempt=0 tty\n")
+}
+
 func TestCrashLoopBackOffDoublesAndCountsRestarts(t *testing.T) {
 	h := newHarness(t)
 	p := newPod("crash", corev1.RestartPolicyAlways, ctr("app"))

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -45,6 +46,14 @@ const (
 	labelReason     = "io.outpost.container.reason"
 )
 
+// Labels the adapter puts on a container at create for Start, which must
+// give the task FIFOs to match its spec: a terminal (the spec's
+// process.terminal) and a stdin. Their value is "true" when set.
+const (
+	labelTTY   = "io.outpost.container.tty"
+	labelStdin = "io.outpost.container.stdin"
+)
+
 // Config says which containerd to use and where container I/O goes.
 type Config struct {
 	Address     string
@@ -73,7 +82,11 @@ type Runtime struct {
 
 	mu       sync.Mutex
 	attached map[string]bool // containers whose output is being copied
-	oom      map[string]bool // containers the kernel OOM-killed
+	// stdin holds the writing end of the stdin FIFO of each running
+	// container with stdin, by ID, for an attach to write to; it is
+	// closed and dropped when the task ends.
+	stdin map[string]io.WriteCloser
+	oom   map[string]bool // containers the kernel OOM-killed
 	// images caches resolved, unpacked images by normalized reference, so
 	// starting many containers of one image (a reboot) reads its config
 	// from the content store once.
@@ -122,7 +135,10 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("containerd %s: %w", cfg.Address, err)
 	}
-	r := &Runtime{cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, oom: map[string]bool{}, images: map[string]cachedImage{}}
+	r := &Runtime{
+		cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{},
+		oom: map[string]bool{}, images: map[string]cachedImage{},
+	}
 	if _, err := r.Version(ctx); err != nil {
 		cl.Close()
 		return nil, err
@@ -225,15 +241,27 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	}
 	labels[agent.LabelLogPath] = s.LogPath
 	labels[agent.LabelImageRef] = s.Image.ID
+	if s.TTY {
+		labels[labelTTY] = "true"
+	}
+	if s.Stdin {
+		labels[labelStdin] = "true"
+	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
 		oci.WithProcessArgs(s.Args...),
+	}
+	if s.TTY {
+		// Before the env, so the container's own TERM wins over xterm.
+		opts = append(opts, oci.WithTTY)
+	}
+	opts = append(opts,
 		oci.WithEnv(s.Env),
 		oci.WithMounts(s.Mounts),
-		oci.WithCgroup(s.CgroupParent + "/" + s.ID),
+		oci.WithCgroup(s.CgroupParent+"/"+s.ID),
 		withNoNewPrivileges(s.Security.NoNewPrivileges),
 		oci.WithAnnotations(map[string]string{shimGroupAnnotation: r.shimGroup(s.Labels[agent.LabelPodUID])}),
-	}
+	)
 	if s.Hostname != "" {
 		opts = append(opts, oci.WithHostname(s.Hostname))
 	}
@@ -464,7 +492,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		unlock()
 		return fmt.Errorf("start %s: %w", id, err)
 	}
-	task, err := c.NewTask(ctx, streamCreator(r.cfg.FIFODir, out, errOut))
+	task, err := c.NewTask(ctx, streamCreator(r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut))
 	unlock()
 	t2 := r.deps.Clock.Now()
 	if err != nil {
@@ -497,15 +525,22 @@ func (r *Runtime) logStreams(path string) (out, errOut *lockedStream, closeLog f
 	return out, errOut, func() { out.Close(); errOut.Close(); w.Close() }, nil
 }
 
-// watchIO marks id attached and, when the copy ends (the task exited),
-// closes the log and clears the mark.
-func (r *Runtime) watchIO(id string, io cio.IO, closeLog func()) {
+// watchIO marks id attached, keeps its stdin writer if it has one and,
+// when the copy ends (the task exited), closes the FIFOs and the log and
+// clears both.
+func (r *Runtime) watchIO(id string, tio cio.IO, closeLog func()) {
 	r.mu.Lock()
 	r.attached[id] = true
+	if s, ok := tio.(*streams); ok && s.stdin() != nil {
+		r.stdin[id] = s.stdin()
+	}
 	r.mu.Unlock()
 	go func() {
-		io.Wait()
-		io.Close()
+		tio.Wait()
+		r.mu.Lock()
+		delete(r.stdin, id)
+		r.mu.Unlock()
+		tio.Close()
 		closeLog()
 		r.mu.Lock()
 		delete(r.attached, id)
@@ -513,7 +548,11 @@ func (r *Runtime) watchIO(id string, io cio.IO, closeLog func()) {
 	}()
 }
 
-// reattach copies a running task's output again after an agent restart.
+// reattach copies a running task's output again after an agent restart
+// and reopens its stdin FIFO, if it has one, for writing. containerd
+// gives the FIFOs the task was created with, the terminal flag too. (The
+// shim holds a writing end of stdin of its own, so the process saw no
+// end of input while the agent was away.)
 func (r *Runtime) reattach(ctx context.Context, c containerd.Container, labels map[string]string) {
 	r.mu.Lock()
 	done := r.attached[c.ID()]

@@ -17,15 +17,19 @@ import (
 const streamBufSize = 4 << 10
 
 // streams is a cio.IO that copies a task's stdout and stderr FIFOs to
-// writers through small buffers. It has no stdin.
+// writers through small buffers. With a terminal the shim writes the
+// terminal's output, stdout and stderr together, to the stdout FIFO alone.
+// When the task has a stdin FIFO, streams holds it open for writing and
+// writes nothing, so the process's reads wait instead of ending.
 type streams struct {
 	dio *cio.DirectIO
 	wg  sync.WaitGroup
 }
 
-// newStreams opens the FIFOs and starts copying them to out and errOut.
+// newStreams opens the FIFOs of fifos (stdin for writing, when it has
+// one) and starts copying stdout and, without a terminal, stderr to out
+// and errOut.
 func newStreams(fifos *cio.FIFOSet, out, errOut io.Writer) (*streams, error) {
-	fifos.Stdin = ""
 	dio, err := cio.NewDirectIO(context.Background(), fifos)
 	if err != nil {
 		return nil, err
@@ -37,6 +41,10 @@ func newStreams(fifos *cio.FIFOSet, out, errOut io.Writer) (*streams, error) {
 	}
 	return s, nil
 }
+
+// stdin returns the writing end of the task's stdin FIFO, nil when the
+// task has no stdin.
+func (s *streams) stdin() io.WriteCloser { return s.dio.Stdin }
 
 func (s *streams) copy(w io.Writer, r io.ReadCloser) {
 	if r == nil {
@@ -64,10 +72,11 @@ func (s *streams) copy(w io.Writer, r io.ReadCloser) {
 // Config implements cio.IO.
 func (s *streams) Config() cio.Config { return s.dio.Config() }
 
-// Wait implements cio.IO: it returns when both copies have ended.
+// Wait implements cio.IO: it returns when the copies have ended.
 func (s *streams) Wait() { s.wg.Wait() }
 
-// Close implements cio.IO: it closes the FIFOs and removes them.
+// Close implements cio.IO: it closes the FIFOs, stdin's writing end with
+// them, and removes them.
 func (s *streams) Close() error { return s.dio.Close() }
 
 // Cancel implements cio.IO: it stops the copies.
@@ -82,12 +91,20 @@ func (s *streams) Cancel() {
 }
 
 // streamCreator makes a task's IO in dir: new FIFOs copied to out and
-// errOut.
-func streamCreator(dir string, out, errOut io.Writer) cio.Creator {
+// errOut. With terminal the task gets a terminal and one output FIFO;
+// with stdin, a stdin FIFO the IO holds open. Without stdin the task's
+// stdin is /dev/null, or the terminal, which nothing writes to.
+func streamCreator(dir string, terminal, stdin bool, out, errOut io.Writer) cio.Creator {
 	return func(id string) (cio.IO, error) {
-		fifos, err := cio.NewFIFOSetInDir(dir, id, false)
+		fifos, err := cio.NewFIFOSetInDir(dir, id, terminal)
 		if err != nil {
 			return nil, err
+		}
+		if !stdin {
+			fifos.Stdin = ""
+		}
+		if terminal {
+			fifos.Stderr = "" // the terminal is stdout and stderr both
 		}
 		s, err := newStreams(fifos, out, errOut)
 		if err != nil {
@@ -97,8 +114,8 @@ func streamCreator(dir string, out, errOut io.Writer) cio.Creator {
 	}
 }
 
-// streamAttach reopens a running task's FIFOs and copies them to out and
-// errOut.
+// streamAttach reopens a running task's FIFOs, as containerd reports them
+// (its stdin, if any, for writing) and copies them to out and errOut.
 func streamAttach(out, errOut io.Writer) cio.Attach {
 	return func(fifos *cio.FIFOSet) (cio.IO, error) {
 		if fifos == nil {

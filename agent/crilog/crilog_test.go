@@ -62,6 +62,57 @@ func TestWriteAndReadBack(t *testing.T) {
 	}
 }
 
+// TestCRLFLineEnds writes a terminal's output, whose lines end in
+// "\r\n": the "\r" of a line end is dropped, as containerd's CRI plugin
+// does, also when the "\n" comes in a later write; a "\r" elsewhere is
+// kept.
+func TestCRLFLineEnds(t *testing.T) {
+	long := strings.Repeat("x", maxLine-1)
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		want   []string // records: tag, content
+	}{
+		{name: "terminal lines", writes: []string{"is-a-tty\r\nnext\r\n"}, want: []string{"F is-a-tty", "F next"}},
+		{name: "split line end", writes: []string{"a\r", "\nb\n"}, want: []string{"F a", "F b"}},
+		{name: "carriage return inside", writes: []string{"50%\r100%\r\n"}, want: []string{"F 50%\r100%"}},
+		{name: "no line end", writes: []string{"last\r"}, want: []string{"F last\r"}},
+		{
+			name:   "line end across a partial record",
+			writes: []string{long + "\r" + "yy", "\r\n"},
+			want:   []string{"P " + long, "F \ryy"},
+		},
+		{
+			name:   "line end straddling the partial limit",
+			writes: []string{long + "\r", "\n"},
+			want:   []string{"F " + long},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktest.New(time.Unix(0, 0))
+			path := filepath.Join(t.TempDir(), "0.log")
+			w, err := Open(path, Options{}, clk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := w.Stream("stdout")
+			for _, p := range tc.writes {
+				s.Write([]byte(p))
+			}
+			s.Close()
+			w.Close()
+			raw, _ := os.ReadFile(path)
+			var got []string
+			for _, line := range strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n") {
+				got = append(got, strings.TrimPrefix(line, "1970-01-01T00:00:00Z stdout "))
+			}
+			if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+				t.Fatalf("records %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestLongLinesAreSplitAndJoined(t *testing.T) {
 	clk := clocktest.New(time.Unix(0, 0))
 	path := filepath.Join(t.TempDir(), "0.log")

@@ -83,8 +83,9 @@ func (w *Writer) openFile() error {
 }
 
 // Stream returns a writer that records what is written to it as lines of
-// the named stream ("stdout" or "stderr"). Close it to flush a last line
-// that has no newline.
+// the named stream ("stdout" or "stderr"). A line ends at "\n" or "\r\n"
+// (a terminal's line end), neither kept, as containerd's CRI plugin does.
+// Close it to flush a last line that has no newline.
 func (w *Writer) Stream(name string) io.WriteCloser {
 	return &stream{w: w, name: name}
 }
@@ -187,7 +188,7 @@ func (s *stream) Write(p []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		line := s.buf[:i]
+		line := bytes.TrimSuffix(s.buf[:i], []byte{'\r'})
 		for len(line) > maxLine {
 			if err := s.w.record(s.name, true, line[:maxLine]); err != nil {
 				return len(p), err
@@ -200,10 +201,14 @@ func (s *stream) Write(p []byte) (int, error) {
 		s.buf = s.buf[i+1:]
 	}
 	for len(s.buf) > maxLine {
-		if err := s.w.record(s.name, true, s.buf[:maxLine]); err != nil {
+		n := maxLine
+		if s.buf[n-1] == '\r' {
+			n-- // it may start the "\r\n" of a line end still to come
+		}
+		if err := s.w.record(s.name, true, s.buf[:n]); err != nil {
 			return len(p), err
 		}
-		s.buf = s.buf[maxLine:]
+		s.buf = s.buf[n:]
 	}
 	if len(s.buf) == 0 {
 		s.buf = nil // let a large buffer go

@@ -280,12 +280,24 @@ func (f *Fake) Containers() []agent.Container {
 }
 
 // Dump returns the containers, one a line, sorted by ID:
-// "ID STATE attempt=N", with " exit=CODE" (and the reason, if any) once
-// exited.
+// "ID STATE attempt=N", then " tty", " stdin" and " stdinOnce" for what
+// its spec asks, and " exit=CODE" (and the reason, if any) once exited.
 func (f *Fake) Dump() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	var b strings.Builder
-	for _, c := range f.Containers() {
+	for _, c := range f.list("") {
 		fmt.Fprintf(&b, "%s %s attempt=%s", c.ID, c.State, c.Labels[agent.LabelAttempt])
+		spec := f.containers[c.ID].spec
+		if spec.TTY {
+			b.WriteString(" tty")
+		}
+		if spec.Stdin {
+			b.WriteString(" stdin")
+		}
+		if spec.StdinOnce {
+			b.WriteString(" stdinOnce")
+		}
 		if c.State == agent.StateExited {
 			fmt.Fprintf(&b, " exit=%d", c.ExitCode)
 			if c.Reason != "" {
