@@ -13,7 +13,7 @@ PLATFORMS := linux/arm64 linux/arm linux/amd64
 # Tools built for the tests (etcd, kube-apiserver, kubectl, registry) live here.
 export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
 
-.PHONY: build build-all test test-unit test-e2e testenv bench demo lint clean
+.PHONY: build build-all test test-unit test-arm test-e2e testenv bench demo lint clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
@@ -37,6 +37,12 @@ test-unit:
 
 test: testenv lint
 	$(GO) test -race -count=1 ./...
+	@$(MAKE) --no-print-directory test-arm
+
+# test-arm runs the unit tests for linux/arm64 and linux/arm (ARMv7) under
+# qemu-user, and the binaries of build-all (see scripts/test-arm.sh).
+test-arm: build-all
+	@GO='$(GO)' BUILDTAGS='$(BUILDTAGS)' scripts/test-arm.sh
 
 bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"errors"
 	"flag"
 	"net/netip"
 	"os"
@@ -82,6 +83,7 @@ func newNetNS(t *testing.T) int {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and nftables tables")
 	}
+	requireNFNetlink(t)
 	type result struct {
 		fd  int
 		err error
@@ -113,6 +115,23 @@ func newNetNS(t *testing.T) int {
 	}
 	t.Cleanup(func() { unix.Close(r.fd) })
 	return r.fd
+}
+
+// requireNFNetlink skips the test when no NETLINK_NETFILTER socket can be
+// made, so nftables cannot be programmed: qemu-user (make test-arm) passes
+// only route, uevent and audit netlink through to the kernel. (With a
+// NetNS, the socket library then hands nftables a nil connection, which
+// panics, so the tests ask first.)
+func requireNFNetlink(t *testing.T) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if errors.Is(err, unix.EPROTONOSUPPORT) {
+		t.Skip("no NETLINK_NETFILTER socket (EPROTONOSUPPORT), so no nftables: qemu-user does not emulate it")
+	}
+	if err != nil {
+		t.Fatalf("NETLINK_NETFILTER socket: %v", err)
+	}
+	unix.Close(fd)
 }
 
 // listTable returns `nft list table inet outpost` run inside the netns,

@@ -84,7 +84,7 @@ func newNS(t *testing.T) netns.NsHandle {
 
 func handleAt(t *testing.T, ns netns.NsHandle) *netlink.Handle {
 	t.Helper()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatalf("netlink handle: %v", err)
 	}
@@ -421,8 +421,24 @@ func TestE2ERestartAndTeardown(t *testing.T) {
 	}
 }
 
+// requireNFNetlink skips the test when no NETLINK_NETFILTER socket can be
+// made, so nftables cannot be programmed: qemu-user (make test-arm) passes
+// only route, uevent and audit netlink through to the kernel.
+func requireNFNetlink(t *testing.T) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if errors.Is(err, unix.EPROTONOSUPPORT) {
+		t.Skip("no NETLINK_NETFILTER socket (EPROTONOSUPPORT), so no nftables: qemu-user does not emulate it")
+	}
+	if err != nil {
+		t.Fatalf("NETLINK_NETFILTER socket: %v", err)
+	}
+	unix.Close(fd)
+}
+
 func newNAT(t *testing.T, e *env) *nft.NAT {
 	t.Helper()
+	requireNFNetlink(t)
 	nat, err := nft.NewNAT(nft.NATConfig{PodCIDR: e.cfg.PodCIDR, NetNS: int(e.host)})
 	if err != nil {
 		t.Fatal(err)

@@ -270,7 +270,7 @@ func (n *Network) Setup(ctx context.Context, podUID string) (Result, error) {
 		return Result{}, fmt.Errorf("pod %s: %w", podUID, err)
 	}
 	defer host.Close()
-	pod, err := netlink.NewHandleAt(podNS)
+	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE) // as hostHandle's
 	if err != nil {
 		return Result{}, fmt.Errorf("pod %s: open netlink in netns %s: %w", podUID, path, err)
 	}
@@ -547,9 +547,13 @@ func (n *Network) hostIsCurrent() (bool, error) {
 	return ns.Equal(cur), nil
 }
 
-// hostHandle opens a netlink handle in the host netns.
+// hostHandle opens a netlink handle in the host netns. Handles here are
+// route netlink only (links, addresses, routes are all this package
+// changes): by default the library also opens XFRM and NETFILTER
+// sockets, which cost file descriptors and which a kernel without those
+// protocols, or qemu-user, refuses with EPROTONOSUPPORT.
 func (n *Network) hostHandle() (*netlink.Handle, error) {
-	h, err := netlink.NewHandleAt(n.hostNS())
+	h, err := netlink.NewHandleAt(n.hostNS(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("open netlink in host netns: %w", err)
 	}
