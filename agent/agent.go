@@ -49,6 +49,9 @@ type Deps struct {
 	Log   *slog.Logger
 	// Pods runs the pods; with no Runtime the agent only records them.
 	Pods PodDeps
+	// BoardHealth reads the board's sensors for status; nil shows what
+	// Config.Board had at start.
+	BoardHealth func() arm.Readings
 }
 
 // Agent owns the node's desired-state loop.

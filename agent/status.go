@@ -65,7 +65,9 @@ type ServiceRow struct {
 
 // AgentInfo is what only a running agent knows.
 type AgentInfo struct {
-	Version        string    `json:"version"`
+	Version string `json:"version"`
+	// Board is what the board said about itself at start, with its
+	// health as read for this status.
 	Board          arm.Facts `json:"board"`
 	PID            int       `json:"pid"`
 	Started        time.Time `json:"started"`
@@ -145,9 +147,13 @@ func (a *Agent) Status() (Status, error) {
 			}
 		}
 	}
+	board := a.cfg.Board
+	if a.deps.BoardHealth != nil {
+		board.Health = a.deps.BoardHealth()
+	}
 	a.mu.Lock()
 	s.Agent = &AgentInfo{
-		Version: a.cfg.Version, Board: a.cfg.Board, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,
+		Version: a.cfg.Version, Board: board, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,
 		ManifestErrors: append([]string(nil), a.manifestErrors...),
 	}
 	a.mu.Unlock()

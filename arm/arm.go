@@ -1,39 +1,46 @@
 // Package arm reads the facts of the board outpost runs on: its model from
 // the device tree, the Raspberry Pi revision code, the cgroup layout and
-// whether the memory controller is on, and the SoC temperature. It reads
-// files only, so it works the same on any Linux and in tests over a fake
-// root.
+// whether the memory controller is on, and its health: thermal zones and
+// the Raspberry Pi firmware's under-voltage and throttling flags. It turns
+// them into node labels, conditions and metric samples. It reads files
+// only, so it works the same on any Linux and in tests over a fake root.
 package arm
 
 import (
-	"bufio"
 	"bytes"
+	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-)
-
-// Cgroup layouts.
-const (
-	CgroupV1     = "v1"
-	CgroupV2     = "v2"
-	CgroupHybrid = "hybrid" // v1 controllers with a v2 hierarchy beside them
 )
 
 // Facts are what the board says about itself. Unknown values are empty.
 type Facts struct {
 	// Model is the device-tree model, e.g. "Raspberry Pi 4 Model B Rev 1.4".
 	Model string `json:"model,omitempty"`
-	// PiRevision is the Raspberry Pi revision code from /proc/cpuinfo.
-	PiRevision string `json:"piRevision,omitempty"`
+	// PiRevision is the decoded Raspberry Pi revision code; nil on other
+	// boards.
+	PiRevision *Revision `json:"piRevision,omitempty"`
 	// Cgroup is v1, v2 or hybrid.
 	Cgroup string `json:"cgroup"`
 	// MemoryCgroup reports whether the memory controller is enabled; on
-	// Raspberry Pi OS it needs cgroup_enable=memory on the kernel command line.
+	// Raspberry Pi OS it needs cgroup_enable=memory on the kernel command
+	// line. MemoryCgroupError says how to turn it on.
 	MemoryCgroup bool `json:"memoryCgroup"`
-	// TempMilliC is the first thermal zone's temperature, 0 if unknown.
-	TempMilliC int `json:"tempMilliC,omitempty"`
+	// BootCmdline is the Raspberry Pi OS file holding the kernel command
+	// line, CmdlineFirmware or CmdlineBoot, when present.
+	BootCmdline string `json:"bootCmdline,omitempty"`
+	// CmdlineDisablesMemory reports whether the running kernel's command
+	// line has cgroup_disable=memory.
+	CmdlineDisablesMemory bool `json:"cmdlineDisablesMemory,omitempty"`
+	// Health is what the sensors said when the facts were read.
+	Health Readings `json:"health"`
+}
+
+// IsPi reports whether the board is a Raspberry Pi.
+func (f Facts) IsPi() bool {
+	return f.PiRevision != nil || strings.HasPrefix(f.Model, "Raspberry Pi")
 }
 
 // Read reads the facts from the file system rooted at root ("/" on a
@@ -41,67 +48,51 @@ type Facts struct {
 func Read(root string) Facts {
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	var f Facts
-	for _, m := range []string{"proc/device-tree/model", "sys/firmware/devicetree/base/model"} {
-		if b, err := os.ReadFile(p(m)); err == nil {
-			f.Model = strings.TrimSpace(string(bytes.TrimRight(b, "\x00")))
-			break
-		}
-	}
-	f.PiRevision = cpuinfoField(p("proc/cpuinfo"), "Revision")
+	f.Model = strings.TrimSpace(string(bytes.TrimRight(deviceTree(root, "model"), "\x00")))
+	f.PiRevision = piRevision(root, f.Model)
 	f.Cgroup = cgroupLayout(p("sys/fs/cgroup"))
 	f.MemoryCgroup = memoryEnabled(p("proc/cgroups"), p("sys/fs/cgroup/cgroup.controllers"), f.Cgroup)
-	if b, err := os.ReadFile(p("sys/class/thermal/thermal_zone0/temp")); err == nil {
-		f.TempMilliC, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
+	f.BootCmdline = bootCmdline(root)
+	f.CmdlineDisablesMemory = cmdlineDisablesMemory(p("proc/cmdline"))
+	f.Health = Health(root)
 	return f
 }
 
-func cpuinfoField(path, key string) string {
-	file, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer file.Close()
-	sc := bufio.NewScanner(file)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && strings.TrimSpace(k) == key {
-			return strings.TrimSpace(v)
+// deviceTree reads a device-tree property, from /proc/device-tree or, when
+// /proc is not the usual one, from /sys/firmware/devicetree/base.
+func deviceTree(root, prop string) []byte {
+	for _, d := range []string{"proc/device-tree", "sys/firmware/devicetree/base"} {
+		if b, err := os.ReadFile(filepath.Join(root, d, prop)); err == nil {
+			return b
 		}
 	}
-	return ""
+	return nil
 }
 
-// cgroupLayout tells the layout from the files under /sys/fs/cgroup: a
-// unified mount has cgroup.controllers at its top; a v1 mount has one
-// directory per controller, and hybrid adds a "unified" v2 mount.
-func cgroupLayout(dir string) string {
-	if _, err := os.Stat(filepath.Join(dir, "cgroup.controllers")); err == nil {
-		return CgroupV2
+// piRevision decodes the revision code of a Raspberry Pi: from the
+// Revision line of /proc/cpuinfo (Raspberry Pi kernels), else from the
+// device tree's /system/linux,revision that the firmware sets (a 32-bit
+// big-endian number; mainline arm64 kernels print no Revision line). A
+// board whose model is known and is not a Raspberry Pi has none: 32-bit
+// ARM kernels print "Revision : 0000" on every board, and other vendors'
+// kernels may print their own numbers.
+func piRevision(root, model string) *Revision {
+	if model != "" && !strings.HasPrefix(model, "Raspberry Pi") {
+		return nil
 	}
-	if _, err := os.Stat(filepath.Join(dir, "unified", "cgroup.controllers")); err == nil {
-		return CgroupHybrid
+	var code string
+	if file, err := os.Open(filepath.Join(root, "proc/cpuinfo")); err == nil {
+		code = CpuinfoRevision(file)
+		file.Close()
 	}
-	return CgroupV1
-}
-
-func memoryEnabled(procCgroups, controllers, layout string) bool {
-	if layout == CgroupV2 {
-		b, err := os.ReadFile(controllers)
-		return err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " memory ")
-	}
-	file, err := os.Open(procCgroups)
-	if err != nil {
-		return false
-	}
-	defer file.Close()
-	sc := bufio.NewScanner(file)
-	for sc.Scan() {
-		// #subsys_name hierarchy num_cgroups enabled
-		f := strings.Fields(sc.Text())
-		if len(f) == 4 && f[0] == "memory" {
-			return f[3] == "1"
+	if code == "" {
+		if b := deviceTree(root, "system/linux,revision"); len(b) == 4 {
+			code = fmt.Sprintf("%04x", binary.BigEndian.Uint32(b))
 		}
 	}
-	return false
+	r, err := ParseRevision(code)
+	if err != nil {
+		return nil
+	}
+	return &r
 }

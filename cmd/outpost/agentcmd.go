@@ -71,8 +71,8 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Warn("kubeconfig is set but API server sync is not built yet; running standalone", "kubeconfig", cfg.Kubeconfig)
 	}
 	board := arm.Read("/")
-	if !board.MemoryCgroup {
-		log.Warn("the memory cgroup controller is off: memory limits cannot be enforced (on Raspberry Pi OS add cgroup_enable=memory to /boot/firmware/cmdline.txt)", "cgroup", board.Cgroup)
+	if err := board.MemoryCgroupError(); err != nil {
+		log.Warn("board check", "err", err, "cgroup", board.Cgroup)
 	}
 	clk := clock.Real{}
 	acfg := agent.Config{
@@ -90,7 +90,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			MemoryCapacity: memTotal(),
 		},
 	}
-	deps := agent.Deps{Store: st, Clock: clk, Log: log}
+	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
 	var images *imageDir
 	if !*noPods {
 		rt, err := connectRuntime(ctx, cfg, clk, log)

@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/store"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -120,11 +122,7 @@ func printStatus(w io.Writer, s agent.Status) error {
 	fmt.Fprintf(tw, "JOURNAL\t%d status updates waiting to be sent\t\n", s.JournalBacklog)
 	if a := s.Agent; a != nil {
 		fmt.Fprintf(tw, "AGENT\toutpost %s, pid %d, up since %s\t\n", a.Version, a.PID, a.Started.Format(time.RFC3339))
-		model := a.Board.Model
-		if model == "" {
-			model = "unknown model"
-		}
-		fmt.Fprintf(tw, "BOARD\t%s, cgroup %s, memory controller %s\t\n", model, a.Board.Cgroup, onOff(a.Board.MemoryCgroup))
+		fmt.Fprintf(tw, "BOARD\t%s\t\n", boardLine(a.Board))
 	}
 	tw.Flush()
 	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
@@ -174,11 +172,55 @@ func printStatus(w io.Writer, s agent.Status) error {
 	return nil
 }
 
-func onOff(b bool) string {
-	if b {
-		return "on"
+// boardLine is the BOARD line: model, cgroups, hottest zone, throttling
+// flags and the memory controller, with how to turn it on when it is off.
+func boardLine(f arm.Facts) string {
+	model := f.Model
+	if model == "" {
+		model = "unknown model"
 	}
-	return "off"
+	if r := f.PiRevision; r != nil {
+		model += " (" + r.String() + ", " + r.Code + ")"
+	}
+	parts := []string{model, "cgroup " + f.Cgroup}
+	h := f.Health
+	if z, ok := h.Hottest(); ok {
+		t := fmt.Sprintf("%.1f °C", z.Celsius())
+		if z.Type != "" {
+			t += " (" + z.Type + ")"
+		}
+		parts = append(parts, t)
+	}
+	var now, occurred []string
+	if h.Throttle != nil {
+		now, occurred = h.Throttle.Now(), h.Throttle.Occurred()
+	}
+	if h.UnderVoltage() && !slices.Contains(now, "under-voltage") {
+		now = append([]string{"under-voltage"}, now...)
+	}
+	var flags []string
+	for _, n := range now {
+		flags = append(flags, n+" now")
+	}
+	for _, n := range occurred {
+		if !slices.Contains(now, n) {
+			flags = append(flags, n+" occurred")
+		}
+	}
+	switch {
+	case len(flags) > 0:
+		parts = append(parts, strings.Join(flags, ", "))
+	case h.Throttle != nil || h.UnderVoltageAlarm != nil:
+		parts = append(parts, "no under-voltage or throttling")
+	}
+	if err := f.MemoryCgroupError(); err != nil {
+		var me *arm.MemoryCgroupError
+		errors.As(err, &me)
+		parts = append(parts, "memory controller off: "+me.Fix())
+	} else {
+		parts = append(parts, "memory controller on")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // podPhase is the STATUS column kubectl shows: a waiting or terminated

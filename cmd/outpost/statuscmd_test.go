@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"regexp"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/arm"
 )
 
 // An invalid pod shows as Failed in the table, and with its reason and the
@@ -32,5 +34,52 @@ func TestStatusShowsInvalidPodReasonAndMessage(t *testing.T) {
 		if !regexp.MustCompile(want).Match(one.Bytes()) {
 			t.Errorf("pod lacks %s:\n%s", want, one.String())
 		}
+	}
+}
+
+// The BOARD line shows the model with the decoded revision, the hottest
+// zone, the throttling flags and how to turn the memory controller on.
+func TestStatusBoardLine(t *testing.T) {
+	throttle := func(v arm.Throttle) *arm.Throttle { return &v }
+	yes := true
+	pi4 := &arm.Revision{Code: "c03114", NewStyle: true, Type: "4B", Revision: "1.4", MemoryMB: 4096, Processor: "BCM2711", Manufacturer: "Sony UK"}
+	for _, tc := range []struct {
+		name  string
+		board arm.Facts
+		want  string
+	}{
+		{"pi4, fine", arm.Facts{
+			Model: "Raspberry Pi 4 Model B Rev 1.4", PiRevision: pi4, Cgroup: arm.CgroupV2, MemoryCgroup: true,
+			Health: arm.Readings{Zones: []arm.Zone{{Name: "thermal_zone0", Type: "cpu-thermal", MilliC: 48312}}, Throttle: throttle(0)},
+		}, "Raspberry Pi 4 Model B Rev 1.4 (4B rev 1.4, 4 GB, c03114), cgroup v2, 48.3 °C (cpu-thermal), no under-voltage or throttling, memory controller on"},
+		{"pi3bplus, under-voltage, memory off", arm.Facts{
+			Model: "Raspberry Pi 3 Model B Plus Rev 1.3", Cgroup: arm.CgroupHybrid, BootCmdline: arm.CmdlineBoot,
+			PiRevision: &arm.Revision{Code: "a020d3", NewStyle: true, Type: "3B+", Revision: "1.3", MemoryMB: 1024},
+			Health:     arm.Readings{Throttle: throttle(0x70005), UnderVoltageAlarm: &yes},
+		}, "Raspberry Pi 3 Model B Plus Rev 1.3 (3B+ rev 1.3, 1 GB, a020d3), cgroup hybrid, under-voltage now, throttled now, arm-frequency-capped occurred, " +
+			"memory controller off: add cgroup_enable=memory cgroup_memory=1 to the single line of /boot/cmdline.txt, then reboot"},
+		{"other board", arm.Facts{
+			Model: "Radxa ROCK Pi 4B", Cgroup: arm.CgroupV2, MemoryCgroup: true,
+			Health: arm.Readings{Zones: []arm.Zone{{Name: "thermal_zone0", Type: "soc-thermal", MilliC: 42222}, {Name: "thermal_zone1", Type: "gpu-thermal", MilliC: 45000}}},
+		}, "Radxa ROCK Pi 4B, cgroup v2, 45.0 °C (gpu-thermal), memory controller on"},
+		{"nothing known", arm.Facts{Cgroup: arm.CgroupV1, MemoryCgroup: true}, "unknown model, cgroup v1, memory controller on"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			s := agent.Status{Node: "n1", From: "agent", Agent: &agent.AgentInfo{Version: "test", Board: tc.board}}
+			if err := printStatus(&out, s); err != nil {
+				t.Fatal(err)
+			}
+			want := "BOARD    " + tc.want
+			var got string
+			for _, l := range strings.Split(out.String(), "\n") {
+				if strings.HasPrefix(l, "BOARD") {
+					got = strings.TrimRight(l, " ")
+				}
+			}
+			if got != want {
+				t.Errorf("got  %q\nwant %q\n%s", got, want, out.String())
+			}
+		})
 	}
 }
