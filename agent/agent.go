@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,6 +64,9 @@ type Agent struct {
 	pods      *podManager
 	manifests staticpods.Reader
 
+	ready     chan struct{} // closed once Run serves and has read the manifests
+	heartbeat atomic.Int64  // unix nanoseconds of the main loop's last turn
+
 	mu             sync.Mutex
 	manifestErrors []string
 	lastSync       time.Time
@@ -80,7 +84,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.ManifestInterval == 0 {
 		cfg.ManifestInterval = time.Second
 	}
-	a := &Agent{cfg: cfg, deps: deps}
+	a := &Agent{cfg: cfg, deps: deps, ready: make(chan struct{})}
 	if deps.Pods.Runtime != nil {
 		cfg.Pods.NodeName = cfg.NodeName
 		a.pods = newPodManager(cfg.Pods, deps.Pods, deps.Store, deps.Clock, deps.Log)
@@ -115,6 +119,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.SyncManifests(); err != nil {
 		a.deps.Log.Error("sync manifests", "err", err)
 	}
+	a.beat()
+	close(a.ready)
 	if a.pods != nil {
 		podsCtx, stopPods := context.WithCancel(ctx)
 		podsDone := make(chan struct{})
@@ -131,8 +137,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err := a.SyncManifests(); err != nil {
 			a.deps.Log.Error("sync manifests", "err", err)
 		}
+		a.beat()
 	}
 }
+
+// Ready is closed once Run serves its status socket and has read the
+// manifests into the store: what a service manager is told as READY=1.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// Heartbeat is when Run's main loop last went round (every
+// ManifestInterval); a watchdog pets only while it is recent, so a stuck
+// loop gets the agent restarted.
+func (a *Agent) Heartbeat() time.Time { return time.Unix(0, a.heartbeat.Load()) }
+
+func (a *Agent) beat() { a.heartbeat.Store(a.deps.Clock.Now().UnixNano()) }
 
 // WakePods makes every pod worker look at its pod now instead of at its
 // next deadline, as after new images were imported: a pod waiting for an

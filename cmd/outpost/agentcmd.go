@@ -25,6 +25,7 @@ import (
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/internal/sdnotify"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -149,7 +150,57 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		go func() { images.watch(watchCtx, clk, imagePollInterval); close(watchDone) }()
 		defer func() { stopWatch(); <-watchDone }()
 	}
-	return a.Run(ctx)
+	nctx, stopNotify := context.WithCancel(ctx)
+	notifyDone := make(chan struct{})
+	go func() { notifyServiceManager(nctx, a, clk, log); close(notifyDone) }()
+	err = a.Run(ctx)
+	stopNotify()
+	<-notifyDone
+	return err
+}
+
+// notifyServiceManager tells systemd (a Type=notify unit) that the agent
+// is ready once it serves and has read its manifests, pets the watchdog
+// (WatchdogSec) while the agent's main loop keeps turning, and says
+// STOPPING=1 when ctx ends. Under no service manager it does nothing.
+func notifyServiceManager(ctx context.Context, a *agent.Agent, clk clock.Clock, log *slog.Logger) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.Ready():
+	}
+	sent, err := sdnotify.Notify(sdnotify.Ready)
+	if err != nil {
+		log.Warn("tell systemd the agent is ready", "err", err)
+	}
+	if !sent {
+		return
+	}
+	defer sdnotify.Notify(sdnotify.Stopping)
+	interval, ok := sdnotify.WatchdogInterval()
+	if !ok {
+		<-ctx.Done()
+		return
+	}
+	tick := clk.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+		}
+		// A loop that has not turned for a whole interval is stuck: let
+		// systemd restart the agent (the unit's KillMode=process leaves
+		// the containers running).
+		if age := clk.Since(a.Heartbeat()); age > interval {
+			log.Warn("agent main loop stalled; not petting the watchdog", "since", age.Round(time.Second))
+			continue
+		}
+		if _, err := sdnotify.Notify(sdnotify.Watchdog); err != nil {
+			log.Warn("pet the systemd watchdog", "err", err)
+		}
+	}
 }
 
 // connectRuntime connects to containerd, waiting for it (it may start
