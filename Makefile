@@ -10,21 +10,29 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # binary: 22 MB instead of 28 MB. test/deps checks every build uses it.
 BUILDTAGS := grpcnotrace
 PLATFORMS := linux/arm64 linux/arm linux/amd64
+# build-all writes its binaries here, and packages its packages.
+DIST ?= dist
 # Tools built for the tests (etcd, kube-apiserver, kubectl, registry) live here.
 export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
 
-.PHONY: build build-all test test-unit test-arm test-e2e testenv bench demo lint clean
+.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench demo lint clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
 
 build-all:
-	@mkdir -p dist
+	@mkdir -p $(DIST)
 	@for p in $(PLATFORMS); do \
-		os=$${p%/*}; arch=$${p#*/}; out=dist/outpost-$$os-$$arch; [ $$arch = arm ] && out=$$out-v7; \
+		os=$${p%/*}; arch=$${p#*/}; out=$(DIST)/outpost-$$os-$$arch; [ $$arch = arm ] && out=$$out-v7; \
 		echo "build $$out"; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch GOARM=7 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $$out ./cmd/outpost || exit 1; \
 	done
+
+# packages builds .deb and .rpm packages of build-all's binaries with nfpm
+# (built at a pinned version into $(OUTPOST_TOOLS)/bin on first use); see
+# packaging/README.md.
+packages: build-all
+	@VERSION='$(VERSION)' scripts/packaging/build.sh $(DIST)
 
 # testenv installs the packages and builds the tools the end-to-end tests
 # run. It needs root; without root the e2e tests skip and say why.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the unit tests of every package but test/e2e (real containerd and
-# root, on the host's architecture) and test/deps (go list, the same on
-# every architecture) for linux/arm64 and linux/arm (GOARM=7) under
-# qemu-user, then the cross-built binaries in dist/ (make build-all):
-# `outpost version` and `outpost config check` for arm64, arm and amd64.
+# root, on the host's architecture), test/deps (go list, the same on
+# every architecture) and test/packaging (host tools, the same too) for
+# linux/arm64 and linux/arm (GOARM=7) under qemu-user, then the
+# cross-built binaries in dist/ (make build-all): `outpost version` and
+# `outpost config check` for arm64, arm and amd64.
 # `make test-arm` builds dist/ and calls this. Needs qemu-user-static and
 # jq (scripts/testenv/install.sh installs both).
 #
@@ -50,7 +51,7 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mapfile -t pkgs < <("$GO" list ./... | grep -v -e '/test/e2e\(/\|$\)' -e '/test/deps$')
+mapfile -t pkgs < <("$GO" list ./... | grep -v -e '/test/e2e\(/\|$\)' -e '/test/deps$' -e '/test/packaging$')
 
 # summary prints, from go test -json events, how many tests (subtests and
 # fuzz seeds included) passed, skipped and failed, each skipped test with

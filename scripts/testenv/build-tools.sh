@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds the pinned tools the end-to-end tests run: etcd, kube-apiserver,
-# kubectl and distribution's OCI registry, from the Go module proxy, into
-# a cache directory outside the repository ($OUTPOST_TOOLS, default
+# kubectl, distribution's OCI registry, and nfpm for the package test
+# (scripts/packaging/tools.sh), from the Go module proxy, into a cache
+# directory outside the repository ($OUTPOST_TOOLS, default
 # /var/cache/outpost-testenv). A tool already present at its pinned
 # version is not rebuilt.
 set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
 
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
@@ -103,4 +106,5 @@ build_registry() {
 build_etcd
 build_kube
 build_registry
+"$HERE/../packaging/tools.sh" >/dev/null
 echo "testenv: tools in $BIN"
