@@ -203,16 +203,7 @@ func checkProbe(path string, p *corev1.Probe, ports []corev1.ContainerPort) []er
 	if err := checkOneHandler(path, "exec, httpGet, tcpSocket or grpc", h.Exec != nil, h.HTTPGet != nil, h.TCPSocket != nil, h.GRPC != nil); err != nil {
 		errs = append(errs, err)
 	}
-	if h.HTTPGet != nil {
-		if err := checkHandlerPort(path+".httpGet.port", h.HTTPGet.Port, ports); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if h.TCPSocket != nil {
-		if err := checkHandlerPort(path+".tcpSocket.port", h.TCPSocket.Port, ports); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, checkHandlerPorts(path, h.HTTPGet, h.TCPSocket, ports)...)
 	if h.GRPC != nil && (h.GRPC.Port < 1 || h.GRPC.Port > 65535) {
 		errs = append(errs, bad(path+".grpc.port", "%d is not from 1 to 65535", h.GRPC.Port))
 	}
@@ -226,13 +217,20 @@ func checkHook(path string, h *corev1.LifecycleHandler, ports []corev1.Container
 	if err := checkOneHandler(path, "exec, httpGet, tcpSocket or sleep", h.Exec != nil, h.HTTPGet != nil, h.TCPSocket != nil, h.Sleep != nil); err != nil {
 		errs = append(errs, err)
 	}
-	if h.HTTPGet != nil {
-		if err := checkHandlerPort(path+".httpGet.port", h.HTTPGet.Port, ports); err != nil {
+	return append(errs, checkHandlerPorts(path, h.HTTPGet, h.TCPSocket, ports)...)
+}
+
+// checkHandlerPorts checks the port of a probe's or hook's httpGet and
+// tcpSocket handler, whichever is set, against the container's ports.
+func checkHandlerPorts(path string, http *corev1.HTTPGetAction, tcp *corev1.TCPSocketAction, ports []corev1.ContainerPort) []error {
+	var errs []error
+	if http != nil {
+		if err := checkHandlerPort(path+".httpGet.port", http.Port, ports); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if h.TCPSocket != nil {
-		if err := checkHandlerPort(path+".tcpSocket.port", h.TCPSocket.Port, ports); err != nil {
+	if tcp != nil {
+		if err := checkHandlerPort(path+".tcpSocket.port", tcp.Port, ports); err != nil {
 			errs = append(errs, err)
 		}
 	}
