@@ -102,6 +102,18 @@ func NewNAT(cfg NATConfig) (*NAT, error) {
 	return &NAT{cfg: cfg}, nil
 }
 
+// Available reports whether this kernel (or emulator) speaks nftables
+// netlink: it opens and closes a NETLINK_NETFILTER socket. qemu-user, for
+// one, refuses it with EPROTONOSUPPORT.
+func Available() error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return fmt.Errorf("NETLINK_NETFILTER socket: %w", err)
+	}
+	unix.Close(fd)
+	return nil
+}
+
 // Sync makes the outpost table hold exactly the NAT for hostPorts, in one
 // atomic batch: masquerade of traffic from the pod CIDR to destinations
 // outside it; per hostPort a DNAT in prerouting and in output (only for

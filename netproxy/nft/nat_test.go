@@ -124,14 +124,13 @@ func newNetNS(t *testing.T) int {
 // panics, so the tests ask first.)
 func requireNFNetlink(t *testing.T) {
 	t.Helper()
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	err := Available()
 	if errors.Is(err, unix.EPROTONOSUPPORT) {
 		t.Skip("no NETLINK_NETFILTER socket (EPROTONOSUPPORT), so no nftables: qemu-user does not emulate it")
 	}
 	if err != nil {
-		t.Fatalf("NETLINK_NETFILTER socket: %v", err)
+		t.Fatal(err)
 	}
-	unix.Close(fd)
 }
 
 // listTable returns `nft list table inet outpost` run inside the netns,
