@@ -12,6 +12,8 @@
 # BENCH_STEADY=SECONDS sets the steady-state window (default 60).
 # BENCH_LOG=info|debug sets the agent's log level; BENCH_KEEP_LOG=FILE keeps
 # its log (with GODEBUG=gctrace=1 in the environment, the GC trace too).
+# BENCH_TAGS=outpostpprof builds the agent so SIGUSR1 writes a heap profile
+# to $OUTPOST_HEAPPROFILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) == 0 ]] || { echo "bench-pods: run as root" >&2; exit 1; }
@@ -22,7 +24,7 @@ B=$(mktemp -d /tmp/outpost-bench.XXXXXX)
 SOCK=$B/containerd.sock
 NETNS=outpost-bench-$$
 NS=outpost-bench
-CGO_ENABLED=0 go build -tags grpcnotrace -trimpath -ldflags '-s -w' -o "$B/outpost" ./cmd/outpost
+CGO_ENABLED=0 go build -tags "grpcnotrace ${BENCH_TAGS:-}" -trimpath -ldflags '-s -w' -o "$B/outpost" ./cmd/outpost
 ctrd_pid= agent=
 kill_all() {
 	[[ -n $agent ]] && kill -9 "$agent" 2>/dev/null && wait "$agent" 2>/dev/null || true
