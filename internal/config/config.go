@@ -42,6 +42,10 @@ type Config struct {
 	ContainerLogMaxFiles int `json:"containerLogMaxFiles"`
 	// Kubeconfig points at the API server; empty runs standalone.
 	Kubeconfig string `json:"kubeconfig"`
+	// Node describes the Node registered with the API server.
+	Node Node `json:"node"`
+	// API paces the connection to the API server.
+	API API `json:"api"`
 	// Containerd says which containerd to drive.
 	Containerd Containerd `json:"containerd"`
 	// Network holds the pod and service address ranges.
@@ -61,6 +65,32 @@ type Containerd struct {
 	// ShimGroups is how many containerd shims the pods share; 0 gives
 	// every pod a shim of its own.
 	ShimGroups int `json:"shimGroups"`
+}
+
+// Node describes the Node outpost registers with the API server.
+type Node struct {
+	// Labels are added to the Node's labels.
+	Labels map[string]string `json:"labels"`
+	// Taints are the Node's taints when it registers.
+	Taints []Taint `json:"taints"`
+	// MaxPods is the Node's pod capacity.
+	MaxPods int `json:"maxPods"`
+}
+
+// Taint is a Node taint: pods that do not tolerate it are not scheduled
+// (NoSchedule, PreferNoSchedule) or are evicted (NoExecute).
+type Taint struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Effect string `json:"effect"`
+}
+
+// API paces the connection to the API server.
+type API struct {
+	// WriteQPS and WriteBurst limit the writes replayed after a
+	// reconnect: statuses, mirror pods, deletions.
+	WriteQPS   float64 `json:"writeQPS"`
+	WriteBurst int     `json:"writeBurst"`
 }
 
 // Network holds the node's address ranges.
@@ -103,6 +133,8 @@ func Default() Config {
 
 		ContainerLogMaxSize:  "10Mi",
 		ContainerLogMaxFiles: 5,
+		Node:                 Node{Labels: map[string]string{}, Taints: []Taint{}, MaxPods: 110},
+		API:                  API{WriteQPS: 20, WriteBurst: 40},
 		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4},
 		Network: Network{
 			PodCIDR:       "10.42.0.0/24",
@@ -214,6 +246,37 @@ func (c Config) validate(name string) error {
 	}
 	if c.Kubeconfig != "" && !filepath.IsAbs(c.Kubeconfig) {
 		bad("kubeconfig", "%q is not an absolute path", c.Kubeconfig)
+	}
+	for k, v := range c.Node.Labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			bad("node.labels", "key %q is not a valid label key: %s", k, errs[0])
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			bad("node.labels", "value %q of %q is not a valid label value: %s", v, k, errs[0])
+		}
+	}
+	for i, t := range c.Node.Taints {
+		field := fmt.Sprintf("node.taints[%d]", i)
+		if errs := validation.IsQualifiedName(t.Key); len(errs) > 0 {
+			bad(field+".key", "%q is not a valid taint key: %s", t.Key, errs[0])
+		}
+		if errs := validation.IsValidLabelValue(t.Value); len(errs) > 0 {
+			bad(field+".value", "%q is not a valid taint value: %s", t.Value, errs[0])
+		}
+		switch t.Effect {
+		case "NoSchedule", "PreferNoSchedule", "NoExecute":
+		default:
+			bad(field+".effect", "%q is not one of NoSchedule, PreferNoSchedule, NoExecute", t.Effect)
+		}
+	}
+	if c.Node.MaxPods < 1 || c.Node.MaxPods > 1000 {
+		bad("node.maxPods", "%d is not between 1 and 1000", c.Node.MaxPods)
+	}
+	if c.API.WriteQPS <= 0 || c.API.WriteQPS > 1000 {
+		bad("api.writeQPS", "%g is not above 0 and at most 1000", c.API.WriteQPS)
+	}
+	if c.API.WriteBurst < 1 || c.API.WriteBurst > 10000 {
+		bad("api.writeBurst", "%d is not between 1 and 10000", c.API.WriteBurst)
 	}
 	if errs := validation.IsDNS1123Label(c.Containerd.Namespace); len(errs) > 0 {
 		bad("containerd.namespace", "%q is not a valid namespace: %s", c.Containerd.Namespace, errs[0])

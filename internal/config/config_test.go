@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -45,6 +46,12 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		{"a: 1\n---\nb: 2\n", "config.yaml: holds more than one YAML document"},
 		{"containerLogMaxSize: lots\n", `config.yaml: containerLogMaxSize: "lots" is not a size of at least 1Ki (such as 10Mi)`},
 		{"containerLogMaxFiles: 1\n", "config.yaml: containerLogMaxFiles: 1 is less than 2"},
+		{"node: {labels: {'a b': x}}\n", `config.yaml: node.labels: key "a b" is not a valid label key`},
+		{"node: {labels: {site: 'x y'}}\n", `config.yaml: node.labels: value "x y" of "site" is not a valid label value`},
+		{"node: {taints: [{key: dedicated, value: edge, effect: NoRun}]}\n", `config.yaml: node.taints[0].effect: "NoRun" is not one of NoSchedule, PreferNoSchedule, NoExecute`},
+		{"node: {maxPods: 0}\n", "config.yaml: node.maxPods: 0 is not between 1 and 1000"},
+		{"api: {writeQPS: 0}\n", "config.yaml: api.writeQPS: 0 is not above 0 and at most 1000"},
+		{"api: {writeBurst: 0}\n", "config.yaml: api.writeBurst: 0 is not between 1 and 10000"},
 	}
 	for _, tt := range tests {
 		_, err := Parse("config.yaml", []byte(tt.src))
@@ -77,7 +84,7 @@ func TestPackagedExampleIsValidAndComplete(t *testing.T) {
 	}
 	want := Default()
 	cfg.NodeName, want.NodeName = "", ""
-	if cfg != want {
+	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("packaging/config.yaml differs from the defaults:\n got %+v\nwant %+v", cfg, want)
 	}
 }
