@@ -24,8 +24,9 @@ import (
 // runs and pulls, and counts the connections made through it: the pulls
 // the agent tried.
 type forwarder struct {
-	ln    net.Listener
-	conns atomic.Int64
+	ln     net.Listener
+	conns  atomic.Int64
+	paused atomic.Bool
 
 	mu   sync.Mutex
 	open map[net.Conn]bool
@@ -66,6 +67,10 @@ func (f *forwarder) serve(target string) {
 		if err != nil {
 			return // closed
 		}
+		if f.paused.Load() {
+			c.Close() // the link is down
+			continue
+		}
 		f.conns.Add(1)
 		f.wg.Add(1)
 		go func() {
@@ -93,6 +98,20 @@ func (f *forwarder) serve(target string) {
 		}()
 	}
 }
+
+// pause cuts the link: open connections are closed and new ones are
+// closed as soon as they are accepted, until resume.
+func (f *forwarder) pause() {
+	f.paused.Store(true)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.open {
+		c.Close()
+	}
+}
+
+// resume restores the link cut by pause.
+func (f *forwarder) resume() { f.paused.Store(false) }
 
 func (f *forwarder) track(c net.Conn, open bool) {
 	f.mu.Lock()

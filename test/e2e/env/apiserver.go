@@ -1,12 +1,14 @@
 package env
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -34,7 +36,20 @@ type APIServer struct {
 	CA *CA
 	// Dir holds the certificates, token file and logs.
 	Dir string
+
+	args    []string
+	proc    *process
+	restart int
 }
+
+// auditPolicy records every request at Metadata level, so tests can count
+// what a client wrote.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+`
 
 // AdminToken is the bearer token of the admin user in the token file.
 const AdminToken = "outpost-e2e-admin-token"
@@ -43,8 +58,14 @@ const AdminToken = "outpost-e2e-admin-token"
 // a generated CA, serving certificate, service-account key and token file,
 // writes an admin kubeconfig, waits for /readyz, and stops both in t's
 // cleanup.
+//
+// With -short (make test-unit, and the ARM unit tests under qemu) it skips
+// the test: starting a control plane is not a unit test.
 func StartAPIServer(t testing.TB) *APIServer {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: not starting etcd and kube-apiserver")
+	}
 	RequireRoot(t)
 	etcdBin, apiBin := lookTool(t, "etcd"), lookTool(t, "kube-apiserver")
 	dir := t.TempDir()
@@ -89,7 +110,11 @@ func StartAPIServer(t testing.TB) *APIServer {
 	// kube-apiserver
 	port := FreePort(t)
 	a.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	api := start(t, dir, "kube-apiserver", apiBin,
+	must(os.WriteFile(filepath.Join(dir, "audit-policy.yaml"), []byte(auditPolicy), 0o600))
+	a.args = []string{apiBin,
+		"--audit-policy-file", filepath.Join(dir, "audit-policy.yaml"),
+		"--audit-log-path", filepath.Join(dir, "audit.log"),
+		"--audit-log-mode", "blocking",
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", fmt.Sprint(port),
 		"--cert-dir", filepath.Join(dir, "certs"),
@@ -101,20 +126,99 @@ func StartAPIServer(t testing.TB) *APIServer {
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
 		"--service-cluster-ip-range", "10.0.0.0/24",
 		"--authorization-mode", "Node,RBAC",
+		// What a real cluster runs, so the agent is tested with a node
+		// identity as it is limited in production.
+		"--enable-admission-plugins", "NodeRestriction",
 		"--enable-priority-and-fairness=false",
 		// No kubernetes Service endpoints for a loopback address.
 		"--endpoint-reconciler-type", "none",
 		"--profiling=false",
-	)
-	caPool := x509.NewCertPool()
-	caPool.AddCert(ca.Cert)
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig(caPool)}}
-	waitFor(t, api, 90*time.Second, func() error { return httpOK(client, a.URL+"/readyz", AdminToken) })
+	}
+	a.Start(t)
 
 	a.Config = &rest.Config{Host: a.URL, BearerToken: AdminToken, TLSClientConfig: rest.TLSClientConfig{CAData: ca.CertPEM()}}
 	a.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
 	must(WriteKubeconfig(a.Kubeconfig, a.URL, ca.CertPEM(), "admin", AdminToken, nil, nil))
 	return a
+}
+
+// Start (re)starts kube-apiserver on the same port, against the same etcd,
+// and waits until it is ready. StartAPIServer calls it once.
+func (a *APIServer) Start(t testing.TB) {
+	t.Helper()
+	name := "kube-apiserver"
+	if a.restart > 0 {
+		name = fmt.Sprintf("kube-apiserver-%d", a.restart)
+	}
+	a.restart++
+	a.proc = start(t, a.Dir, name, a.args...)
+	caPool := x509.NewCertPool()
+	caPool.AddCert(a.CA.Cert)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig(caPool)}}
+	waitFor(t, a.proc, 90*time.Second, func() error { return httpOK(client, a.URL+"/readyz", AdminToken) })
+}
+
+// Stop stops kube-apiserver (etcd keeps running): clients see refused
+// connections until Start.
+func (a *APIServer) Stop() { a.proc.stop() }
+
+// AuditEvent is one request as the audit log recorded it.
+type AuditEvent struct {
+	Verb string `json:"verb"`
+	User struct {
+		Username string `json:"username"`
+	} `json:"user"`
+	ObjectRef struct {
+		Resource    string `json:"resource"`
+		Subresource string `json:"subresource"`
+		Namespace   string `json:"namespace"`
+		Name        string `json:"name"`
+	} `json:"objectRef"`
+	ResponseStatus struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
+	Stage string `json:"stage"`
+}
+
+// AuditEvents returns the completed requests the audit log holds so far
+// (one event per request: the ResponseComplete stage, or Panic).
+func (a *APIServer) AuditEvents(t testing.TB) []AuditEvent {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(a.Dir, "audit.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []AuditEvent
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var e AuditEvent
+		if err := json.Unmarshal(line, &e); err != nil {
+			t.Fatalf("audit log line %q: %v", line, err)
+		}
+		if e.Stage == "ResponseComplete" || e.Stage == "Panic" {
+			evs = append(evs, e)
+		}
+	}
+	return evs
+}
+
+// NodeKubeconfig writes a kubeconfig for the node identity of node (user
+// system:node:NODE in group system:nodes, a client certificate from the
+// CA), as the Node authorizer and NodeRestriction admission limit it, and
+// returns its path.
+func (a *APIServer) NodeKubeconfig(t testing.TB, node string) string {
+	t.Helper()
+	certPEM, keyPEM, err := a.CA.Issue(pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}, nil, nil, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), node+".kubeconfig")
+	if err := WriteKubeconfig(path, a.URL, a.CA.CertPEM(), "system:node:"+node, "", certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // WriteKubeconfig writes a kubeconfig for server with either a bearer token
