@@ -53,6 +53,9 @@ type Deps struct {
 	// BoardHealth reads the board's sensors for status; nil shows what
 	// Config.Board had at start.
 	BoardHealth func() arm.Readings
+	// Link reports the API server connection for status; nil when the
+	// agent runs standalone.
+	Link func() LinkInfo
 }
 
 // Agent owns the node's desired-state loop.

@@ -24,6 +24,23 @@ type eventLog struct {
 	max   int
 	mu    sync.Mutex
 	byPod map[string][]Event
+	// hook, when set, is called with every event recorded.
+	hook func(pod *corev1.Pod, e Event)
+}
+
+// OnEvent makes the agent call f with every pod event it records (Pulled,
+// Started, Killing, BackOff, Unhealthy...), so a sink can send them on:
+// cmd wires it to the API server sync. f is called on the goroutine that
+// records the event, without any lock of the agent held, so it must be
+// quick and must not block; pod must not be modified. Without pods to run
+// (no runtime), there are no events and OnEvent does nothing.
+func (a *Agent) OnEvent(f func(pod *corev1.Pod, e Event)) {
+	if a.pods == nil {
+		return
+	}
+	a.pods.events.mu.Lock()
+	defer a.pods.events.mu.Unlock()
+	a.pods.events.hook = f
 }
 
 func newEventLog(clk clock.Clock, max int) *eventLog {
@@ -34,13 +51,18 @@ func (l *eventLog) record(pod *corev1.Pod, typ, reason, msg string) {
 	if pod == nil || pod.UID == "" {
 		return
 	}
+	ev := Event{Time: l.clock.Now(), Type: typ, Reason: reason, Message: msg}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	evs := append(l.byPod[string(pod.UID)], Event{Time: l.clock.Now(), Type: typ, Reason: reason, Message: msg})
+	evs := append(l.byPod[string(pod.UID)], ev)
 	if len(evs) > l.max {
 		evs = evs[len(evs)-l.max:]
 	}
 	l.byPod[string(pod.UID)] = evs
+	hook := l.hook
+	l.mu.Unlock()
+	if hook != nil {
+		hook(pod, ev)
+	}
 }
 
 func (l *eventLog) list(uid string) []Event {

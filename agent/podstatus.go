@@ -15,17 +15,37 @@ import (
 // JournalKey is the journal key of a pod's status.
 func JournalKey(namespace, name string) string { return "pod/" + namespace + "/" + name }
 
-// ReasonInvalidPod is the status reason of a pod whose manifest has a bad
-// spec (see staticpods.AnnotationInvalid). Like a pod kubelet rejects at
+// ReasonInvalidPod is the status reason of a pod whose spec is bad or asks
+// for what this node cannot provide (see staticpods.AnnotationInvalid and
+// staticpods.Validate), whatever its source. Like a pod kubelet rejects at
 // admission, it is Failed from the start and never run: no sandbox, no
 // image pull, no container. Its status message names every bad field.
 const ReasonInvalidPod = "InvalidPod"
+
+// invalid returns why pod must never be run, if it must not: the mark a
+// manifest's pod carries (staticpods.Invalid), or else, for a pod of any
+// source, what staticpods.Validate finds. The result is kept for the pod
+// object it was computed for: syncDesired hands the worker a new object
+// only when the pod changed, so an unchanged pod is not checked again on
+// every sync. Called only from the worker's goroutine.
+func (w *worker) invalid(pod *corev1.Pod) (msg string, invalid bool) {
+	if msg, invalid := staticpods.Invalid(pod); invalid {
+		return msg, true
+	}
+	if pod != w.checked {
+		w.checked, w.badSpec = pod, ""
+		if err := staticpods.Validate(pod); err != nil {
+			w.badSpec = err.Error()
+		}
+	}
+	return w.badSpec, w.badSpec != ""
+}
 
 // rejected reports whether pod is invalid and, if so, records it as
 // Failed with the reason and message, once per change, and journals its
 // status. The worker then does nothing else for it.
 func (w *worker) rejected(pod *corev1.Pod) bool {
-	msg, invalid := staticpods.Invalid(pod)
+	msg, invalid := w.invalid(pod)
 	if !invalid {
 		return false
 	}
@@ -75,7 +95,7 @@ func (w *worker) report(pod *corev1.Pod, byName map[string]attempts) {
 }
 
 func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) corev1.PodStatus {
-	if msg, invalid := staticpods.Invalid(pod); invalid {
+	if msg, invalid := w.invalid(pod); invalid {
 		st := invalidStatus(pod, msg, w.m.cfg.HostIP)
 		now := metav1.NewTime(w.m.clock.Now().Truncate(1e9))
 		st.Conditions = []corev1.PodCondition{{

@@ -73,6 +73,23 @@ type AgentInfo struct {
 	Started        time.Time `json:"started"`
 	LastSync       time.Time `json:"lastManifestSync,omitzero"`
 	ManifestErrors []string  `json:"manifestErrors,omitempty"`
+	// Link is the API server connection; absent when standalone.
+	Link *LinkInfo `json:"link,omitempty"`
+}
+
+// LinkInfo is the state of the connection to the API server.
+type LinkInfo struct {
+	// Server is the API server's URL.
+	Server string `json:"server"`
+	// Connected reports whether the last Lease renewal succeeded.
+	Connected bool `json:"connected"`
+	// Since is when Connected last changed.
+	Since time.Time `json:"since"`
+	// LastLease is when the Lease was last renewed.
+	LastLease time.Time `json:"lastLease,omitzero"`
+	// LastError is the newest failed request, and when it failed.
+	LastError   string    `json:"lastError,omitempty"`
+	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
 }
 
 // ReadStatus reads a Status from the store alone.
@@ -157,6 +174,10 @@ func (a *Agent) Status() (Status, error) {
 		ManifestErrors: append([]string(nil), a.manifestErrors...),
 	}
 	a.mu.Unlock()
+	if a.deps.Link != nil {
+		l := a.deps.Link()
+		s.Agent.Link = &l
+	}
 	return s, err
 }
 

@@ -81,6 +81,8 @@ type worker struct {
 	lastSent  []byte
 	volErr    string                // the last volume refresh error, logged once
 	pulls     map[string]*pullState // image pull backoff by image
+	checked   *corev1.Pod           // the pod badSpec was computed for
+	badSpec   string                // why checked must not be run; "" if it may
 	log       *slog.Logger
 }
 
@@ -731,8 +733,17 @@ func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.C
 // terminate stops every container of the pod and, when the pod is gone
 // (pod == nil), removes its containers, network and files. Containers stop
 // by the pod's last spec (preStop hooks, grace period) even when the pod is
-// gone.
+// gone; a pod being deleted (deletionTimestamp) stops with its
+// deletionGracePeriodSeconds. A pod being deleted then has its terminal
+// status journaled (reportTerminated): the API sink sends it, then
+// deletes the pod for good, and the watch removes it from the store.
 func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
+	if pod != nil && w.getState() != LifecycleTerminating {
+		// The terminal status is journaled even when it reads like one
+		// sent before (a pod that had completed already): the sink needs
+		// a status from after the deletion to finish it.
+		w.lastSent = nil
+	}
 	w.setState(LifecycleTerminating)
 	cs, err := w.m.rt.List(ctx, w.uid)
 	if err != nil {
@@ -752,8 +763,7 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	wg.Wait()
 	w.stopProbes("")
 	if pod != nil {
-		w.report(pod, groupAttempts(cs))
-		return nil
+		return w.reportTerminated(ctx, pod)
 	}
 	var errs []error
 	for _, c := range cs {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +52,26 @@ func checkName(path, name string, label bool) error {
 	return nil
 }
 
+// Validate checks a pod from any source (the API server, MQTT, a manifest)
+// as a manifest's pod is checked: what the agent relies on to run it, and
+// that this node can provide its volumes. It returns nil for a good pod,
+// or an error naming every bad field, on one line separated by "; ", in
+// a fixed order. A pod it rejects must never be run.
+func Validate(p *corev1.Pod) error {
+	errs := validatePodSpec(&p.Spec)
+	if len(errs) == 0 {
+		return nil
+	}
+	return &specError{errs: errs}
+}
+
+// specError is every bad field of a pod spec.
+type specError struct{ errs []error }
+
+func (e *specError) Error() string { return oneLine(errors.Join(e.errs...)) }
+
+func (e *specError) Unwrap() []error { return e.errs }
+
 // validatePodSpec checks what the agent relies on to run a pod; the API
 // server's full validation is not linked into the binary. A pod whose spec
 // is bad is recorded as invalid and never run (its metadata is checked by
@@ -78,6 +99,7 @@ func validatePodSpec(s *corev1.PodSpec) []error {
 			add(bad(path, "%q is used by another volume", v.Name))
 		}
 		volumes[v.Name] = true
+		add(checkVolumeSource(fmt.Sprintf("spec.volumes[%d]", i), &v.VolumeSource))
 	}
 	if len(s.Containers) == 0 {
 		add(bad("spec.containers", "at least one container is required"))
@@ -99,6 +121,56 @@ func validatePodSpec(s *corev1.PodSpec) []error {
 		}
 	}
 	return errs
+}
+
+// checkVolumeSource checks that this node can provide a volume: the
+// kinds agent/volume sets up are hostPath, emptyDir (on disk or in
+// memory), configMap, secret, downwardAPI and projected (of config maps,
+// secrets and the downward API). A volume with no source, and a projected
+// serviceAccountToken, are left to agent/volume, which reports them when
+// the container is created: every pod of a real cluster has such a token
+// unless automountServiceAccountToken is false.
+func checkVolumeSource(path string, v *corev1.VolumeSource) error {
+	switch {
+	case v.HostPath != nil, v.ConfigMap != nil, v.Secret != nil, v.DownwardAPI != nil:
+		return nil
+	case v.EmptyDir != nil:
+		switch v.EmptyDir.Medium {
+		case corev1.StorageMediumDefault, corev1.StorageMediumMemory:
+			return nil
+		}
+		return bad(path+".emptyDir.medium", "%q is not supported on this node (only \"\" or Memory)", v.EmptyDir.Medium)
+	case v.Projected != nil:
+		for i, src := range v.Projected.Sources {
+			sp := fmt.Sprintf("%s.projected.sources[%d]", path, i)
+			switch {
+			case src.ConfigMap != nil, src.Secret != nil, src.DownwardAPI != nil, src.ServiceAccountToken != nil:
+			default:
+				name := setField(reflect.ValueOf(src))
+				if name == "" {
+					return bad(sp, "no projection is set")
+				}
+				return bad(sp+"."+name, "this projection is not supported on this node")
+			}
+		}
+		return nil
+	}
+	if name := setField(reflect.ValueOf(*v)); name != "" {
+		return bad(path+"."+name, "%s volumes are not supported on this node", name)
+	}
+	return nil
+}
+
+// setField returns the JSON name of the first pointer field of struct v
+// that is set, "" for none.
+func setField(v reflect.Value) string {
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.Pointer && !f.IsNil() {
+			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			return name
+		}
+	}
+	return ""
 }
 
 // validateContainer checks one container of a pod with the given volumes.
