@@ -1,0 +1,121 @@
+package kube
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/outpost-edge/outpost/store"
+)
+
+// ownedStatusFields are the top-level fields of a pod's status that the
+// node owns, as kubelet does. A status patch sets each of them: to the
+// journaled value, or to null when the journaled status has none, so a
+// value the server kept from before (an agent restart, an outage) is
+// cleared. The other fields belong to someone else and are never sent:
+// qosClass (computed by the API server at creation and immutable),
+// nominatedNodeName (the scheduler), the resource claim statuses (the
+// scheduler and DRA drivers, which NodeRestriction forbids a node to
+// change), observedGeneration, resize, allocatedResources, resources
+// and volumeHealth (features this agent does not have).
+var ownedStatusFields = []string{
+	"phase", "conditions", "message", "reason",
+	"hostIP", "hostIPs", "podIP", "podIPs", "startTime",
+	"initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses",
+}
+
+// statusPatch returns the JSON merge patch (RFC 7386) that makes the
+// status of the pod with the given UID on the server equal st in every
+// field the node owns. metadata.uid in the patch is a precondition: the
+// API server refuses it with 409 Conflict when the pod of that name has
+// another UID (it was deleted and created again), as it does kubelet's.
+//
+// A merge patch, not kubelet's strategic merge patch computed against the
+// server's status: a node may PATCH pods/status but not GET it, and after
+// an agent restart or an outage it does not know what the server holds.
+// A merge patch replaces lists whole, which is what a full status needs.
+func statusPatch(uid types.UID, st *corev1.PodStatus) ([]byte, error) {
+	if uid == "" {
+		return nil, errors.New("status patch: no pod uid")
+	}
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return nil, fmt.Errorf("status patch: %w", err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, fmt.Errorf("status patch: %w", err)
+	}
+	status := make(map[string]json.RawMessage, len(ownedStatusFields))
+	for _, f := range ownedStatusFields {
+		if v, ok := fields[f]; ok {
+			status[f] = v
+		} else {
+			status[f] = json.RawMessage("null")
+		}
+	}
+	// encoding/json sorts map keys: the same status gives the same bytes.
+	return json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": uid},
+		"status":   status,
+	})
+}
+
+// journalPod decodes a journal entry of a pod status: the pod's
+// namespace, name and UID, and its status. The key must name the same
+// pod as the value. The bytes come from the store, but a store written
+// by another version, or damaged, is outside input: nothing here may
+// panic on it.
+func journalPod(e store.Entry) (*corev1.Pod, error) {
+	rest, ok := strings.CutPrefix(e.Key, "pod/")
+	if !ok {
+		return nil, fmt.Errorf("journal entry %s: not a pod status", e.Key)
+	}
+	ns, name, ok := strings.Cut(rest, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, fmt.Errorf("journal entry %s: key is not pod/NAMESPACE/NAME", e.Key)
+	}
+	var p corev1.Pod
+	if err := p.Unmarshal(e.Value); err != nil {
+		return nil, fmt.Errorf("journal entry %s: %w", e.Key, err)
+	}
+	if p.Namespace != ns || p.Name != name {
+		return nil, fmt.Errorf("journal entry %s: holds the status of pod %s/%s", e.Key, p.Namespace, p.Name)
+	}
+	if p.UID == "" {
+		return nil, fmt.Errorf("journal entry %s: no pod uid", e.Key)
+	}
+	return &p, nil
+}
+
+// statusPatchOf is journalPod then statusPatch, for the fuzz test: the
+// whole path from journal bytes to request body.
+func statusPatchOf(e store.Entry) ([]byte, error) {
+	p, err := journalPod(e)
+	if err != nil {
+		return nil, err
+	}
+	return statusPatch(p.UID, &p.Status)
+}
+
+// terminalStatus reports whether st is the status of a pod that is over:
+// its phase is Succeeded or Failed and none of its containers runs. For a
+// pod being deleted, it is what kubelet's status manager waits for before
+// the final delete (canBeDeleted).
+func terminalStatus(st *corev1.PodStatus) bool {
+	if st.Phase != corev1.PodSucceeded && st.Phase != corev1.PodFailed {
+		return false
+	}
+	for _, list := range [][]corev1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses, st.EphemeralContainerStatuses} {
+		for _, cs := range list {
+			if cs.State.Running != nil {
+				return false
+			}
+		}
+	}
+	return true
+}

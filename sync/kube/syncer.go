@@ -1,0 +1,295 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// Config says which Node to sync and how fast.
+type Config struct {
+	// NodeName is the Node's name, and the spec.nodeName of its pods.
+	NodeName string
+	// Labels are added to the Node's labels (beside the well-known
+	// kubernetes.io/{arch,os,hostname} and what NodeFacts says).
+	Labels map[string]string
+	// Taints are the Node's taints when it registers.
+	Taints []corev1.Taint
+	// WriteQPS and WriteBurst pace the writes a reconnect replays
+	// (default 20 per second, burst 40).
+	WriteQPS   float64
+	WriteBurst int
+	// LeaseDuration is the Lease's leaseDurationSeconds (default 40 s);
+	// it is renewed every RenewInterval (default 10 s).
+	LeaseDuration time.Duration
+	RenewInterval time.Duration
+	// NodeStatusPeriod is how often an unchanged NodeStatus is sent
+	// anyway (default 5 min, KEP-589).
+	NodeStatusPeriod time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.WriteQPS <= 0 {
+		c.WriteQPS = 20
+	}
+	if c.WriteBurst <= 0 {
+		c.WriteBurst = 2 * int(c.WriteQPS)
+	}
+	if c.LeaseDuration <= 0 {
+		c.LeaseDuration = 40 * time.Second
+	}
+	if c.RenewInterval <= 0 {
+		c.RenewInterval = 10 * time.Second
+	}
+	if c.NodeStatusPeriod <= 0 {
+		c.NodeStatusPeriod = 5 * time.Minute
+	}
+}
+
+// NodeFacts is what the agent knows of the node: extra labels (the
+// board's) and the status to publish, without the parts this package
+// fills in itself.
+type NodeFacts struct {
+	Labels map[string]string
+	Status corev1.NodeStatus
+}
+
+// Deps are what a Syncer talks to.
+type Deps struct {
+	Client *Client
+	Store  *store.Store
+	// NodeFacts returns the node's current facts; it is called for every
+	// NodeStatus computed, so it should be cheap.
+	NodeFacts func() NodeFacts
+	Clock     clock.Clock
+	Log       *slog.Logger
+}
+
+// Syncer connects the store to the API server. Its methods are safe for
+// concurrent use.
+type Syncer struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+
+	writes *limiter
+
+	mu   sync.Mutex
+	link Link
+	// nodeSynced says the Node and Lease were written since the link
+	// last came up; changed is closed and replaced whenever link or
+	// nodeSynced changes, so waiters can select on it.
+	nodeSynced bool
+	changed    chan struct{}
+	// uid is the registered Node's UID (node.go: nodeUID).
+	uid types.UID
+
+	// sink is what the status sink (status.go) shares: mirror pod
+	// problems and buffered events.
+	sink sinkState
+}
+
+// Link is the state of the connection to the API server, for `outpost
+// status`.
+type Link struct {
+	// Server is the API server's URL.
+	Server string `json:"server"`
+	// Connected reports whether the last Lease renewal succeeded.
+	Connected bool `json:"connected"`
+	// Since is when Connected last changed (or the syncer started).
+	Since time.Time `json:"since"`
+	// LastLease is when the Lease was last renewed.
+	LastLease time.Time `json:"lastLease,omitzero"`
+	// LastError is the newest failed request, and when it failed.
+	LastError   string    `json:"lastError,omitempty"`
+	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
+}
+
+// New returns a Syncer; it starts nothing until Run.
+func New(cfg Config, deps Deps) (*Syncer, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("sync/kube: no node name")
+	}
+	if deps.Client == nil || deps.Store == nil || deps.Clock == nil {
+		return nil, errors.New("sync/kube: client, store and clock are required")
+	}
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	if deps.NodeFacts == nil {
+		deps.NodeFacts = func() NodeFacts { return NodeFacts{} }
+	}
+	cfg.setDefaults()
+	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, changed: make(chan struct{})}
+	s.writes = newLimiter(deps.Clock, cfg.WriteQPS, cfg.WriteBurst)
+	s.link = Link{Server: deps.Client.Config.Host, Since: deps.Clock.Now()}
+	return s, nil
+}
+
+// Run syncs until ctx ends and returns after every goroutine it started
+// has exited. An unreachable API server is not an error: Run keeps
+// retrying, and the pods keep running from the store.
+func (s *Syncer) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, loop := range []func(context.Context){s.runNode, s.runPods, s.runStatus} {
+		wg.Go(func() { loop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// Link returns the state of the connection.
+func (s *Syncer) Link() Link {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.link
+}
+
+// broadcast wakes everything waiting on a link change; s.mu is held.
+func (s *Syncer) broadcast() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// setConnected records the outcome of a Lease renewal.
+func (s *Syncer) setConnected(ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.deps.Clock.Now()
+	if ok {
+		s.link.LastLease = now
+	}
+	if s.link.Connected == ok {
+		return
+	}
+	s.link.Connected, s.link.Since = ok, now
+	if !ok {
+		s.nodeSynced = false
+	}
+	if ok {
+		s.log.Info("api server reachable", "server", s.link.Server)
+	} else {
+		s.log.Warn("api server unreachable; pods keep running from the store", "server", s.link.Server, "err", s.link.LastError)
+	}
+	s.broadcast()
+}
+
+// setNodeSynced records that the Node's status and Lease were written
+// since the link came up, which lets the replay of pod statuses begin.
+func (s *Syncer) setNodeSynced() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.nodeSynced {
+		s.nodeSynced = true
+		s.broadcast()
+	}
+}
+
+// waitNodeSynced blocks until the link is up and the Node was written
+// since, so pod statuses never reach the API server before the node's.
+func (s *Syncer) waitNodeSynced(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		ok, ch := s.link.Connected && s.nodeSynced, s.changed
+		s.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// noteErr records a failed request for `outpost status`.
+func (s *Syncer) noteErr(err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.link.LastError, s.link.LastErrorAt = err.Error(), s.deps.Clock.Now()
+}
+
+// sleep waits d on the injected clock, or until ctx ends.
+func (s *Syncer) sleep(ctx context.Context, d time.Duration) error {
+	t := s.deps.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
+
+// backoff is exponential with jitter: each delay doubles up to max, and a
+// random half of it is taken off, so a fleet that lost its link at the same
+// moment does not come back in step.
+type backoff struct {
+	min, max time.Duration
+	cur      time.Duration
+}
+
+// newReconnectBackoff is the issue's 1 s to 2 min.
+func newReconnectBackoff() backoff { return backoff{min: time.Second, max: 2 * time.Minute} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// limiter is a token bucket on the injected clock.
+type limiter struct {
+	clock  clock.Clock
+	mu     sync.Mutex
+	rate   float64 // tokens per second
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+func newLimiter(c clock.Clock, qps float64, burst int) *limiter {
+	return &limiter{clock: c, rate: qps, burst: float64(burst), tokens: float64(burst), last: c.Now()}
+}
+
+// wait takes one token, waiting for it if the bucket is empty.
+func (l *limiter) wait(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		now := l.clock.Now()
+		l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
+		l.last = now
+		if l.tokens >= 1 {
+			l.tokens--
+			l.mu.Unlock()
+			return nil
+		}
+		need := time.Duration((1 - l.tokens) / l.rate * float64(time.Second))
+		l.mu.Unlock()
+		t := l.clock.NewTimer(need)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C():
+		}
+	}
+}
