@@ -90,6 +90,9 @@ type LinkInfo struct {
 	// LastError is the newest failed request, and when it failed.
 	LastError   string    `json:"lastError,omitempty"`
 	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
+	// MirrorErrors names the static pods that have no mirror pod in the
+	// API, and why.
+	MirrorErrors []string `json:"mirrorErrors,omitempty"`
 }
 
 // ReadStatus reads a Status from the store alone.

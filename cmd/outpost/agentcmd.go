@@ -68,14 +68,20 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	if cfg.Kubeconfig != "" {
-		log.Warn("kubeconfig is set but API server sync is not built yet; running standalone", "kubeconfig", cfg.Kubeconfig)
-	}
 	board := arm.Read("/")
+	clk := clock.Real{}
+	// The agent and the runtime are made below; the Node's facts are
+	// read from them once the sync runs, which is after.
+	var a *agent.Agent
+	var rt *ctrd.Runtime
+	nf := &nodeFacts{cfg: cfg, clk: clk, board: board}
+	ksync, err := newKubeSync(cfg, st, clk, log, nf.facts)
+	if err != nil {
+		return err
+	}
 	if err := board.MemoryCgroupError(); err != nil {
 		log.Warn("board check", "err", err, "cgroup", board.Cgroup)
 	}
-	clk := clock.Real{}
 	acfg := agent.Config{
 		Board:       board,
 		NodeName:    cfg.NodeName,
@@ -92,9 +98,12 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
+	if ksync != nil {
+		deps.Link = linkInfo(ksync)
+	}
 	var images *imageDir
 	if !*noPods {
-		rt, err := connectRuntime(ctx, cfg, clk, log)
+		rt, err = connectRuntime(ctx, cfg, clk, log)
 		if err != nil {
 			return err
 		}
@@ -139,9 +148,19 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		go func() { natLoop(loopCtx); close(loopDone) }()
 		defer func() { stopLoop(); <-loopDone }()
 	}
-	a, err := agent.New(acfg, deps)
+	a, err = agent.New(acfg, deps)
 	if err != nil {
 		return err
+	}
+	if ksync != nil {
+		nf.agent, nf.rt = a, rt
+		if rt != nil {
+			nf.version, _ = rt.Version(ctx)
+		}
+		a.OnEvent(func(p *corev1.Pod, e agent.Event) { ksync.Event(p, e.Type, e.Reason, e.Message, e.Time) })
+		kctx, stopKube := context.WithCancel(ctx)
+		wait := runKubeSync(kctx, ksync)
+		defer func() { stopKube(); wait() }()
 	}
 	if images != nil {
 		images.onImport = a.WakePods

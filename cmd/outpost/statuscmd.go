@@ -123,6 +123,7 @@ func printStatus(w io.Writer, s agent.Status) error {
 	if a := s.Agent; a != nil {
 		fmt.Fprintf(tw, "AGENT\toutpost %s, pid %d, up since %s\t\n", a.Version, a.PID, a.Started.Format(time.RFC3339))
 		fmt.Fprintf(tw, "BOARD\t%s\t\n", boardLine(a.Board))
+		fmt.Fprintf(tw, "LINK\t%s\t\n", linkLine(a.Link, s.JournalBacklog, time.Now()))
 	}
 	tw.Flush()
 	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
@@ -130,6 +131,12 @@ func printStatus(w io.Writer, s agent.Status) error {
 		for _, e := range a.ManifestErrors {
 			// One error may name several fields, a line each.
 			fmt.Fprintln(w, "  "+strings.ReplaceAll(e, "\n", "\n    "))
+		}
+	}
+	if a := s.Agent; a != nil && a.Link != nil && len(a.Link.MirrorErrors) > 0 {
+		fmt.Fprintln(w, "\nNO MIRROR POD (the API server does not show these static pods)")
+		for _, e := range a.Link.MirrorErrors {
+			fmt.Fprintln(w, "  "+e)
 		}
 	}
 	fmt.Fprintln(w)
@@ -335,4 +342,29 @@ func printContainers(w io.Writer, st *corev1.PodStatus) {
 			fmt.Fprintf(w, "  %s: %s\n", c.Name, wt.Message)
 		}
 	}
+}
+
+// linkLine says whether the agent reaches the API server, since when, when
+// it last renewed its Lease and what last failed.
+func linkLine(l *agent.LinkInfo, backlog int, now time.Time) string {
+	if l == nil {
+		return "standalone (no kubeconfig)"
+	}
+	ago := func(t time.Time) string { return now.Sub(t).Round(time.Second).String() + " ago" }
+	state := "offline since " + l.Since.Format(time.RFC3339)
+	if l.Connected {
+		state = "connected to " + l.Server + " since " + l.Since.Format(time.RFC3339)
+	} else {
+		state = l.Server + " " + state
+	}
+	if !l.LastLease.IsZero() {
+		state += ", lease renewed " + ago(l.LastLease)
+	}
+	if backlog > 0 {
+		state += fmt.Sprintf(", %d statuses to send", backlog)
+	}
+	if l.LastError != "" && (!l.Connected || l.LastErrorAt.After(l.Since)) {
+		state += "; last error " + ago(l.LastErrorAt) + ": " + l.LastError
+	}
+	return state
 }

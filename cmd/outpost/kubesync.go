@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/agent"
+	ctrd "github.com/outpost-edge/outpost/agent/containerd"
+	"github.com/outpost-edge/outpost/arm"
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
+)
+
+// newKubeSync reads the kubeconfig and returns the API server sync, or nil
+// when the agent runs standalone. A kubeconfig that cannot be used is a
+// usage error (exit 2) naming the file and what is wrong; an unreachable
+// API server is not an error at all.
+func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.Logger, facts func() kube.NodeFacts) (*kube.Syncer, error) {
+	if cfg.Kubeconfig == "" {
+		return nil, nil
+	}
+	rc, err := kube.LoadKubeconfig(cfg.Kubeconfig)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	client, err := kube.NewClient(rc, "outpost/"+version)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)}
+	}
+	taints := make([]corev1.Taint, len(cfg.Node.Taints))
+	for i, t := range cfg.Node.Taints {
+		taints[i] = corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)}
+	}
+	return kube.New(kube.Config{
+		NodeName: cfg.NodeName, Labels: cfg.Node.Labels, Taints: taints,
+		WriteQPS: cfg.API.WriteQPS, WriteBurst: cfg.API.WriteBurst,
+	}, kube.Deps{Client: client, Store: st, NodeFacts: facts, Clock: clk, Log: log.With("component", "kube")})
+}
+
+// runKubeSync runs s until ctx ends; the returned func waits for it.
+func runKubeSync(ctx context.Context, s *kube.Syncer) (wait func()) {
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	return func() { <-done }
+}
+
+// linkInfo adapts the syncer's link state to the agent's status.
+func linkInfo(s *kube.Syncer) func() agent.LinkInfo {
+	return func() agent.LinkInfo {
+		l := s.Link()
+		return agent.LinkInfo{Server: l.Server, Connected: l.Connected, Since: l.Since, LastLease: l.LastLease, LastError: l.LastError, LastErrorAt: l.LastErrorAt, MirrorErrors: s.MirrorErrors()}
+	}
+}
+
+// nodeFacts gathers what the Node's status says from the agent, the
+// runtime and the board. Its fields are set before the sync starts.
+type nodeFacts struct {
+	cfg   config.Config
+	clk   clock.Clock
+	board arm.Facts
+	agent *agent.Agent
+	rt    *ctrd.Runtime // nil with --record-only
+
+	// Only the sync's node loop calls facts, so these need no lock.
+	version   string
+	checked   time.Time
+	healthErr error
+}
+
+// runtimeCheckEvery bounds how often the Node's Ready condition asks
+// containerd whether it answers.
+const runtimeCheckEvery = 10 * time.Second
+
+func (n *nodeFacts) facts() kube.NodeFacts {
+	deps := agent.NodeDeps{Clock: n.clk, Heartbeat: n.agent.Heartbeat}
+	if n.rt != nil {
+		deps.RuntimeHealth = n.runtimeHealth
+	}
+	st := agent.NodeStatus(agent.NodeConfig{
+		Hostname: n.cfg.NodeName, HostIP: hostIP(), MaxPods: n.cfg.Node.MaxPods,
+		StorageDir: n.cfg.StateDir, RuntimeVersion: n.version, KubeletPort: kubeletPort(n.cfg),
+	}, deps)
+	return kube.NodeFacts{Labels: n.board.Labels(), Status: st}
+}
+
+// runtimeHealth asks containerd for its version at most every
+// runtimeCheckEvery and returns the last answer.
+func (n *nodeFacts) runtimeHealth() error {
+	if !n.checked.IsZero() && n.clk.Since(n.checked) < runtimeCheckEvery {
+		return n.healthErr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v, err := n.rt.Version(ctx)
+	if err == nil && v != "" {
+		n.version = v
+	}
+	n.checked, n.healthErr = n.clk.Now(), err
+	return err
+}
+
+// kubeletPort is the port of server.address, published as the Node's
+// kubelet endpoint.
+func kubeletPort(cfg config.Config) int32 {
+	_, port, err := net.SplitHostPort(cfg.Server.Address)
+	if err != nil {
+		return 0
+	}
+	p, _ := strconv.Atoi(port)
+	return int32(p)
+}

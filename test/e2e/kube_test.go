@@ -1,0 +1,466 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/test/e2e/env"
+)
+
+// connect points the node's agent at api with the node identity
+// (system:node:NAME under the Node authorizer and NodeRestriction), through
+// a forwarder that makes the API server's loopback address reachable from
+// the node's network namespace. Call it before start.
+func (n *node) connect(api *env.APIServer) *forwarder {
+	n.t.Helper()
+	kc := api.NodeKubeconfig(n.t, n.name)
+	u, err := url.Parse(api.URL)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	f, err := os.OpenFile(n.cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	fmt.Fprintf(f, "kubeconfig: %s\n", kc)
+	f.Close()
+	return n.forward(u.Host)
+}
+
+// admin is a cluster-admin view of the API server for the tests' checks.
+type admin struct {
+	t    *testing.T
+	core *rest.RESTClient
+	coor *rest.RESTClient
+}
+
+func newAdmin(t *testing.T, api *env.APIServer) *admin {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := coordv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := rest.CopyConfig(api.Config)
+	c.GroupVersion = &coordv1.SchemeGroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	coor, err := rest.RESTClientFor(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &admin{t: t, core: coreClient(t, api.Config), coor: coor}
+	// No controller manager runs: the ServiceAccount admission plugin
+	// wants the namespace's default service account to exist.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"}}
+	if err := a.core.Post().Namespace("default").Resource("serviceaccounts").Body(sa).Do(context.Background()).Error(); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create service account: %v", err)
+	}
+	return a
+}
+
+func (a *admin) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+func (a *admin) pod(name string) (*corev1.Pod, error) {
+	ctx, cancel := a.ctx()
+	defer cancel()
+	var p corev1.Pod
+	err := a.core.Get().Namespace("default").Resource("pods").Name(name).Do(ctx).Into(&p)
+	return &p, err
+}
+
+func (a *admin) create(resource string, obj runtime.Object) {
+	a.t.Helper()
+	ctx, cancel := a.ctx()
+	defer cancel()
+	if err := a.core.Post().Namespace("default").Resource(resource).Body(obj).Do(ctx).Error(); err != nil {
+		a.t.Fatalf("create %s: %v", resource, err)
+	}
+}
+
+// waitFor polls cond until it reports true, failing the test after timeout
+// with the last thing cond said.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("not %s within %v; last: %s", what, timeout, last)
+}
+
+func podCondition(p *corev1.Pod, typ corev1.PodConditionType) corev1.ConditionStatus {
+	for _, c := range p.Status.Conditions {
+		if c.Type == typ {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+func asJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// apiPod is a pod bound to node, with no service account token (no
+// TokenRequest support yet) and a short grace period.
+func apiPod(name, node, script string) *corev1.Pod {
+	no, grace := false, int64(2)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName: node, AutomountServiceAccountToken: &no, TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{Name: "main", Image: env.TestImage, Command: []string{"sh", "-c", script}}},
+		},
+	}
+}
+
+// TestKubeNodePodsMirrorDelete connects an agent to a real API server with
+// the node identity: the Node registers and becomes Ready, its Lease is
+// renewed, a pod created with the API runs with a config map from the API
+// and reports Running/Ready with its IP, a static pod gets a mirror pod,
+// and deleting the API pod stops it gracefully and removes the object.
+func TestKubeNodePodsMirrorDelete(t *testing.T) {
+	api := env.StartAPIServer(t)
+	adm := newAdmin(t, api)
+	n := newNode(t, "e2e-kube")
+	n.connect(api)
+	n.write("sensor.yaml", sensorPod)
+	n.start()
+
+	// The Node registers and is Ready.
+	var node corev1.Node
+	waitFor(t, 60*time.Second, "a Ready node", func() (bool, string) {
+		ctx, cancel := adm.ctx()
+		defer cancel()
+		if err := adm.core.Get().Resource("nodes").Name(n.name).Do(ctx).Into(&node); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, asJSON(node.Status.Conditions)
+	})
+	if node.Labels["kubernetes.io/hostname"] != n.name || node.Labels["kubernetes.io/os"] != "linux" {
+		t.Errorf("node labels = %v", node.Labels)
+	}
+	if !strings.HasPrefix(node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://") || !strings.Contains(node.Status.NodeInfo.KubeletVersion, "outpost") {
+		t.Errorf("node info = %+v", node.Status.NodeInfo)
+	}
+	if node.Status.Capacity.Cpu().IsZero() || node.Status.Capacity.Memory().IsZero() || node.Status.Capacity.Pods().IsZero() {
+		t.Errorf("node capacity = %v", node.Status.Capacity)
+	}
+
+	// The Lease is renewed.
+	lease := func() time.Time {
+		ctx, cancel := adm.ctx()
+		defer cancel()
+		var l coordv1.Lease
+		if err := adm.coor.Get().Namespace("kube-node-lease").Resource("leases").Name(n.name).Do(ctx).Into(&l); err != nil || l.Spec.RenewTime == nil {
+			return time.Time{}
+		}
+		return l.Spec.RenewTime.Time
+	}
+	first := lease()
+	waitFor(t, 30*time.Second, "a renewed lease", func() (bool, string) {
+		r := lease()
+		return !first.IsZero() && r.After(first), fmt.Sprintf("renewTime %v, first %v", r, first)
+	})
+
+	// A pod from the API, with a config map from the API as its web root.
+	adm.create("configmaps", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "www", Namespace: "default"}, Data: map[string]string{"index.html": "hello from the api\n"}})
+	web := apiPod("api-web", n.name, "exec httpd -f -p 8080 -h /www")
+	web.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1, ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}}}
+	web.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "www", MountPath: "/www"}}
+	web.Spec.Volumes = []corev1.Volume{{Name: "www", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "www"}}}}}
+	adm.create("pods", web)
+	var got *corev1.Pod
+	waitFor(t, 90*time.Second, "api-web Running and Ready with an IP", func() (bool, string) {
+		p, err := adm.pod("api-web")
+		if err != nil {
+			return false, err.Error()
+		}
+		got = p
+		return p.Status.Phase == corev1.PodRunning && podCondition(p, corev1.PodReady) == corev1.ConditionTrue && p.Status.PodIP != "", asJSON(p.Status)
+	})
+	if out, err := n.fetch("http://" + got.Status.PodIP + ":8080/index.html"); err != nil || !strings.Contains(out, "hello from the api") {
+		t.Errorf("GET index.html from the pod = %q, %v", out, err)
+	}
+
+	// The static pod has a mirror pod with its status.
+	waitFor(t, 60*time.Second, "a running mirror pod of sensor", func() (bool, string) {
+		p, err := adm.pod("sensor-" + n.name)
+		if err != nil {
+			return false, err.Error()
+		}
+		if p.Annotations["kubernetes.io/config.mirror"] == "" {
+			return false, "no config.mirror annotation: " + asJSON(p.Annotations)
+		}
+		if len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "Node" || p.OwnerReferences[0].UID != node.UID {
+			return false, "owner references " + asJSON(p.OwnerReferences)
+		}
+		return p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+	})
+
+	// kubectl delete pod: graceful stop, then the object is gone.
+	ctx, cancel := adm.ctx()
+	err := adm.core.Delete().Namespace("default").Resource("pods").Name("api-web").Do(ctx).Error()
+	cancel()
+	if err != nil {
+		t.Fatalf("delete api-web: %v", err)
+	}
+	waitFor(t, 60*time.Second, "api-web deleted", func() (bool, string) {
+		p, err := adm.pod("api-web")
+		if apierrors.IsNotFound(err) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return false, fmt.Sprintf("deletionTimestamp %v, status %s", p.DeletionTimestamp, asJSON(p.Status))
+	})
+	waitFor(t, 30*time.Second, "api-web gone from the node", func() (bool, string) {
+		s, err := n.status()
+		if err != nil {
+			return false, err.Error()
+		}
+		return findPod(s, "api-web") == nil, "still in outpost status"
+	})
+	s, err := n.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Agent == nil || s.Agent.Link == nil || !s.Agent.Link.Connected {
+		t.Errorf("outpost status link = %+v", s.Agent)
+	}
+	if p := findPod(s, "sensor-"+n.name); p == nil || !running(p) {
+		t.Errorf("sensor pod not running after the API pod's deletion: %+v", p)
+	}
+}
+
+// statusWrites counts, per pod, the status patches the node's identity sent
+// in events.
+func statusWrites(events []env.AuditEvent, node string) map[string]int {
+	out := map[string]int{}
+	for _, e := range events {
+		if e.User.Username == "system:node:"+node && e.ObjectRef.Resource == "pods" && e.ObjectRef.Subresource == "status" && (e.Verb == "patch" || e.Verb == "update") {
+			out[e.ObjectRef.Name]++
+		}
+	}
+	return out
+}
+
+// apiRestarts is the restart count of a pod's first container as the API
+// server holds it.
+func apiRestarts(p *corev1.Pod) int32 {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return -1
+	}
+	return p.Status.ContainerStatuses[0].RestartCount
+}
+
+func agentRestarts(p *agent.PodInfo) int32 {
+	if p == nil || p.Status == nil || len(p.Status.ContainerStatuses) == 0 {
+		return -1
+	}
+	return p.Status.ContainerStatuses[0].RestartCount
+}
+
+// TestKubeOffline stops the API server for 2 minutes: the pods keep
+// running, a container whose liveness probe fails is still restarted, the
+// statuses are journaled, an agent restarted meanwhile keeps the
+// containers; when the API server returns, the statuses converge with at
+// most one status write per pod.
+func TestKubeOffline(t *testing.T) {
+	const outage = 2 * time.Minute
+	api := env.StartAPIServer(t)
+	adm := newAdmin(t, api)
+	n := newNode(t, "e2e-offline")
+	n.connect(api)
+	n.write("sensor.yaml", sensorPod)
+	ctl := n.dir + "/ctl"
+	if err := os.Mkdir(ctl, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n.start()
+
+	adm.create("pods", apiPod("steady", n.name, "while true; do sleep 1; done"))
+	// flaky's liveness probe fails while the test's control file exists.
+	flaky := apiPod("flaky", n.name, "while true; do sleep 1; done")
+	dir := corev1.HostPathDirectory
+	flaky.Spec.Volumes = []corev1.Volume{{Name: "ctl", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: ctl, Type: &dir}}}}
+	flaky.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "ctl", MountPath: "/ctl"}}
+	flaky.Spec.Containers[0].LivenessProbe = &corev1.Probe{PeriodSeconds: 1, FailureThreshold: 1,
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "test ! -e /ctl/fail"}}}}
+	adm.create("pods", flaky)
+	for _, name := range []string{"steady", "flaky", "sensor-" + n.name} {
+		waitFor(t, 90*time.Second, name+" Running in the API", func() (bool, string) {
+			p, err := adm.pod(name)
+			if err != nil {
+				return false, err.Error()
+			}
+			return p.Status.Phase == corev1.PodRunning && podCondition(p, corev1.PodReady) == corev1.ConditionTrue, asJSON(p.Status)
+		})
+	}
+	before := containerIDs(t, n, "steady")
+
+	// The API server goes away.
+	t0 := time.Now()
+	api.Stop()
+	waitFor(t, 60*time.Second, "the link offline", func() (bool, string) {
+		s, err := n.status()
+		if err != nil || s.Agent == nil || s.Agent.Link == nil {
+			return false, fmt.Sprint(err)
+		}
+		return !s.Agent.Link.Connected, asJSON(s.Agent.Link)
+	})
+	// An agent restarted with no API server keeps the containers.
+	n.stop()
+	n.start()
+	n.waitPod("steady", 30*time.Second, "running", running)
+	if after := containerIDs(t, n, "steady"); asJSON(after) != asJSON(before) {
+		t.Errorf("containers of steady changed across an offline agent restart: %v -> %v", before, after)
+	}
+	base := agentRestarts(n.waitPod("flaky", 30*time.Second, "running", running))
+	// Liveness failures restart the container while offline.
+	if err := os.WriteFile(ctl+"/fail", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.waitPod("flaky", 90*time.Second, "restarted twice by its liveness probe", func(p *agent.PodInfo) bool { return agentRestarts(p) >= base+2 })
+	os.Remove(ctl + "/fail")
+	stable := n.waitPod("flaky", 60*time.Second, "running again", running)
+	s, err := n.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.JournalBacklog == 0 {
+		t.Errorf("journal backlog 0 while offline; want the statuses journaled")
+	}
+	if d := outage - time.Since(t0); d > 0 {
+		time.Sleep(d)
+	}
+	if p := findPod(mustStatus(t, n), "steady"); p == nil || !running(p) {
+		t.Fatalf("steady not running after %v offline: %+v", outage, p)
+	}
+
+	// The API server comes back: the statuses converge.
+	seen := len(api.AuditEvents(t))
+	api.Start(t)
+	want := agentRestarts(stable)
+	waitFor(t, 60*time.Second, "flaky's restart count in the API", func() (bool, string) {
+		p, err := adm.pod("flaky")
+		if err != nil {
+			return false, err.Error()
+		}
+		return apiRestarts(p) == want && p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+	})
+	waitFor(t, 30*time.Second, "an empty journal", func() (bool, string) {
+		s := mustStatus(t, n)
+		return s.JournalBacklog == 0, fmt.Sprintf("backlog %d", s.JournalBacklog)
+	})
+	writes := statusWrites(api.AuditEvents(t)[seen:], n.name)
+	for pod, c := range writes {
+		if c > 1 {
+			t.Errorf("pod %s: %d status writes after the reconnect, want at most 1", pod, c)
+		}
+	}
+	if writes["flaky"] != 1 {
+		t.Errorf("flaky: %d status writes after the reconnect, want 1 (writes: %v)", writes["flaky"], writes)
+	}
+	t.Logf("status writes after the reconnect: %v", writes)
+}
+
+func mustStatus(t *testing.T, n *node) agent.Status {
+	t.Helper()
+	s, err := n.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestKubeShortOutageResumesWatch cuts the link for 15 s with the API
+// server running: the pod watch resumes from where it was, without a
+// relist; a pod created during the outage runs after it, and a pod deleted
+// during it keeps running until the link returns, then is stopped and
+// deleted.
+func TestKubeShortOutageResumesWatch(t *testing.T) {
+	api := env.StartAPIServer(t)
+	adm := newAdmin(t, api)
+	n := newNode(t, "e2e-blip")
+	link := n.connect(api)
+	n.start()
+	adm.create("pods", apiPod("one", n.name, "while true; do sleep 1; done"))
+	waitFor(t, 90*time.Second, "pod one Running in the API", func() (bool, string) {
+		p, err := adm.pod("one")
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+	})
+	seen := len(api.AuditEvents(t))
+	link.pause()
+	waitFor(t, 60*time.Second, "the link offline", func() (bool, string) {
+		s := mustStatus(t, n)
+		return s.Agent != nil && s.Agent.Link != nil && !s.Agent.Link.Connected, fmt.Sprint(s.Agent)
+	})
+	adm.create("pods", apiPod("two", n.name, "while true; do sleep 1; done"))
+	// The control plane deletes a pod while the node is away (as the
+	// eviction of an unreachable node's pods does).
+	ctx, cancel := adm.ctx()
+	err := adm.core.Delete().Namespace("default").Resource("pods").Name("one").Do(ctx).Error()
+	cancel()
+	if err != nil {
+		t.Fatalf("delete pod one: %v", err)
+	}
+	time.Sleep(15 * time.Second)
+	if p := findPod(mustStatus(t, n), "one"); p == nil || !running(p) {
+		t.Fatalf("pod one stopped before the node could hear of its deletion: %+v", p)
+	}
+	link.resume()
+	waitFor(t, 90*time.Second, "pod two Running in the API", func() (bool, string) {
+		p, err := adm.pod("two")
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+	})
+	waitFor(t, 60*time.Second, "pod one stopped and deleted", func() (bool, string) {
+		_, err := adm.pod("one")
+		if !apierrors.IsNotFound(err) {
+			return false, fmt.Sprint(err)
+		}
+		return findPod(mustStatus(t, n), "one") == nil, "still on the node"
+	})
+	for _, e := range api.AuditEvents(t)[seen:] {
+		if e.User.Username == "system:node:"+n.name && e.ObjectRef.Resource == "pods" && e.Verb == "list" {
+			t.Errorf("the agent relisted pods after a short outage: %+v", e)
+		}
+	}
+}
