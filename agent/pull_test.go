@@ -210,3 +210,32 @@ func TestDefaultPullPolicy(t *testing.T) {
 		t.Errorf("a set policy was replaced: %s", got)
 	}
 }
+
+// Each container start records a Pulled event, as kubelet does: saying the
+// image was pulled, or that it was already on the node.
+func TestPulledEvents(t *testing.T) {
+	h := newHarness(t)
+	h.rt.AddToRegistry("remote:2")
+	h.rt.AddImage("local:2")
+	fetched := pullPod("fetched", "remote:2", corev1.PullIfNotPresent)
+	local := pullPod("local", "local:2", corev1.PullIfNotPresent)
+	h.put(fetched)
+	h.put(local)
+	h.start()
+	h.synced(0, "both running", func() bool { return h.state(fetched, "app") == "running" && h.state(local, "app") == "running" })
+	pulled := func(p *corev1.Pod) []string {
+		var msgs []string
+		for _, e := range h.m.Events(string(p.UID)) {
+			if e.Reason == "Pulled" {
+				msgs = append(msgs, e.Message)
+			}
+		}
+		return msgs
+	}
+	if got := pulled(fetched); len(got) != 1 || got[0] != `Successfully pulled image "remote:2"` {
+		t.Errorf("fetched pod's Pulled events = %q", got)
+	}
+	if got := pulled(local); len(got) != 1 || got[0] != `Container image "local:2" already present on machine` {
+		t.Errorf("local pod's Pulled events = %q", got)
+	}
+}

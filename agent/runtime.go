@@ -58,6 +58,9 @@ type Image struct {
 	WorkingDir, User     string
 	// StopSignal is the image's stop signal, "" for SIGTERM.
 	StopSignal string
+	// Pulled reports whether this call fetched the image from a registry,
+	// rather than finding it on the node.
+	Pulled bool
 }
 
 // Labels the agent puts on every container it creates.

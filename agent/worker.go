@@ -559,6 +559,11 @@ func (w *worker) pullImage(ctx context.Context, pod *corev1.Pod, c *corev1.Conta
 	switch {
 	case err == nil:
 		delete(w.pulls, c.Image)
+		if img.Pulled {
+			w.m.events.record(pod, "Normal", "Pulled", fmt.Sprintf("Successfully pulled image %q", c.Image))
+		} else {
+			w.m.events.record(pod, "Normal", "Pulled", fmt.Sprintf("Container image %q already present on machine", c.Image))
+		}
 		return img, 0, true
 	case errors.Is(err, ErrImageNeverPull):
 		// Nothing to back off from: looking at the node's images is

@@ -183,7 +183,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 		return c.info, nil
 	}
 	img, err := r.client.GetImage(ctx, name)
-	present := err == nil
+	present, fetched := err == nil, false
 	if err != nil && !errdefs.IsNotFound(err) {
 		return agent.Image{}, fmt.Errorf("image %s: %w", name, err)
 	}
@@ -201,7 +201,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 			}
 			return agent.Image{}, fmt.Errorf("pull %s: %w: %v", name, agent.ErrImagePull, perr)
 		}
-		img = pulled
+		img, fetched = pulled, true
 	}
 	if ok, _ := img.IsUnpacked(ctx, r.cfg.Snapshotter); !ok {
 		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
@@ -220,6 +220,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 	r.mu.Lock()
 	r.images[name] = cachedImage{info: info, img: img}
 	r.mu.Unlock()
+	info.Pulled = fetched
 	return info, nil
 }
 

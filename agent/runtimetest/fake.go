@@ -329,21 +329,21 @@ func (f *Fake) EnsureImage(_ context.Context, ref string, policy corev1.PullPoli
 	if err := f.failure(OpEnsureImage); err != nil {
 		return agent.Image{}, err
 	}
-	present := f.images[ref]
+	present, pulled := f.images[ref], false
 	switch {
 	case policy == corev1.PullNever && !present:
 		return agent.Image{}, fmt.Errorf("image %s: %w", ref, agent.ErrImageNeverPull)
 	case !present || policy == corev1.PullAlways:
 		f.pulls[ref]++
 		if f.registry[ref] {
-			f.images[ref] = true
+			f.images[ref], pulled = true, true
 			f.calls = append(f.calls, "pull "+ref)
 		} else if !present {
 			return agent.Image{}, fmt.Errorf("pull %s: %w: not in the fake registry", ref, agent.ErrImagePull)
 		}
 	}
 	sum := sha256.Sum256([]byte(ref))
-	return agent.Image{Ref: ref, ID: ref + "@sha256:" + hex.EncodeToString(sum[:])}, nil
+	return agent.Image{Ref: ref, ID: ref + "@sha256:" + hex.EncodeToString(sum[:]), Pulled: pulled}, nil
 }
 
 // Create records a created container. Its image must be present.
