@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
@@ -14,13 +15,16 @@ import (
 type file struct {
 	data []byte
 	mode fs.FileMode
+	// owner is the file's owner UID; nil leaves it to the agent's user.
+	// Only service account tokens set it (kubelet's FsUser).
+	owner *int64
 }
 
 const defaultMode = 0o644
 
 // payload builds the files of a configMap, secret, downwardAPI or projected
 // volume. Item paths are checked here, naming the field.
-func (m *Manager) payload(pod *corev1.Pod, v *corev1.Volume, info PodInfo) (map[string]file, error) {
+func (m *Manager) payload(ctx context.Context, podDir string, pod *corev1.Pod, v *corev1.Volume, info PodInfo) (map[string]file, error) {
 	files := map[string]file{}
 	switch {
 	case v.ConfigMap != nil:
@@ -60,7 +64,7 @@ func (m *Manager) payload(pod *corev1.Pod, v *corev1.Volume, info PodInfo) (map[
 			case src.DownwardAPI != nil:
 				err = downwardAPIFiles(pod, v.Name, field+".downwardAPI", src.DownwardAPI.Items, mode, info, files)
 			case src.ServiceAccountToken != nil:
-				err = volErr(pod, v.Name, "%s.serviceAccountToken: service account tokens are not supported offline", field)
+				err = m.serviceAccountToken(ctx, podDir, pod, v.Name, field, i, src.ServiceAccountToken, mode, files)
 			case src.ClusterTrustBundle != nil:
 				err = volErr(pod, v.Name, "%s.clusterTrustBundle is not supported", field)
 			default:

@@ -13,7 +13,16 @@
 // never sees a half-written update. Calling Setup again refreshes content
 // volumes from the store, rewriting one only when its files would change.
 // Secret and projected volumes are on tmpfs, as in kubelet, so secrets
-// never reach the SD card. Teardown unmounts and removes everything.
+// never reach the SD card through them. Teardown unmounts and removes
+// everything.
+//
+// A projected serviceAccountToken source is a token bound to the pod that
+// Deps.Tokens requests from the API server, cached in memory and refreshed
+// as kubelet's token manager does (after 80% of its lifetime, or a day).
+// Offline, the pod keeps the token it has: each token is also kept in
+// PodsDir/<podUID>/tokens (mode 0600, on disk like the secrets in the
+// store), so a pod that had one starts again after a reboot without the
+// API server.
 //
 // # Caveats
 //
@@ -23,7 +32,10 @@
 // directory, so a container that can write to the volume and swaps a
 // directory for a symlink between Mounts and the runtime's mount could
 // still redirect it. The fsGroup of the pod is applied (group ownership and
-// group read bits); runAsUser, defaultUser and user fields are not.
+// group read bits); runAsUser, defaultUser and user fields are not, except
+// that a token file belongs to the user all containers run as (kubelet's
+// FsUser). An offline pod keeps its token past the expiry the API server
+// gave (kubelet would drop it): whoever checks the token decides.
 package volume
 
 import (
@@ -63,6 +75,9 @@ type Deps struct {
 	Store *store.Store
 	Clock clock.Clock
 	Log   *slog.Logger
+	// Tokens requests service account tokens for pods from the API
+	// server; nil when the agent is not connected to one.
+	Tokens TokenFunc
 }
 
 // PodInfo is what Setup needs to know about a pod beyond its spec, for
@@ -113,6 +128,9 @@ type Manager struct {
 
 	mu   sync.Mutex
 	pods map[string]*podLock
+
+	tokMu  sync.Mutex
+	tokens map[tokenKey]*podToken
 }
 
 type podLock struct {
@@ -136,7 +154,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg.PodsDir = filepath.Clean(cfg.PodsDir)
-	return &Manager{cfg: cfg, deps: deps, pods: map[string]*podLock{}}, nil
+	return &Manager{cfg: cfg, deps: deps, pods: map[string]*podLock{}, tokens: map[tokenKey]*podToken{}}, nil
 }
 
 // lock serializes work on one pod and returns the unlock func.
@@ -192,9 +210,10 @@ func volErr(pod *corev1.Pod, vol string, format string, args ...any) error {
 // Setup prepares every volume of the pod and returns them by name. It is
 // safe to call again: directories and mounts that exist are kept, and
 // content volumes are refreshed from the store (rewritten only when their
-// content changed). A volume that cannot be set up is left out of the map
-// and reported in the error, which wraps a *MissingError when a configMap
-// or secret is missing; the other volumes are still set up.
+// content changed) and service account tokens refreshed when due. A
+// volume that cannot be set up is left out of the map and reported in the
+// error, which wraps a *MissingError when a configMap or secret is
+// missing; the other volumes are still set up.
 func (m *Manager) Setup(ctx context.Context, pod *corev1.Pod, info PodInfo) (map[string]Volume, error) {
 	dir, err := m.podDir(string(pod.UID))
 	if err != nil {
@@ -220,7 +239,7 @@ func (m *Manager) Setup(ctx context.Context, pod *corev1.Pod, info PodInfo) (map
 			continue
 		}
 		seen[v.Name] = true
-		vol, err := m.setupVolume(dir, pod, v, info)
+		vol, err := m.setupVolume(ctx, dir, pod, v, info)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -233,7 +252,7 @@ func (m *Manager) Setup(ctx context.Context, pod *corev1.Pod, info PodInfo) (map
 	return vols, errors.Join(errs...)
 }
 
-func (m *Manager) setupVolume(podDir string, pod *corev1.Pod, v *corev1.Volume, info PodInfo) (Volume, error) {
+func (m *Manager) setupVolume(ctx context.Context, podDir string, pod *corev1.Pod, v *corev1.Volume, info PodInfo) (Volume, error) {
 	kindDir := func(kind string) (string, error) {
 		d := filepath.Join(podDir, "volumes", kind)
 		if err := os.MkdirAll(d, 0o750); err != nil {
@@ -261,7 +280,7 @@ func (m *Manager) setupVolume(podDir string, pod *corev1.Pod, v *corev1.Volume, 
 		case v.Projected != nil:
 			kind, tmpfs = KindProjected, true
 		}
-		files, err := m.payload(pod, v, info)
+		files, err := m.payload(ctx, podDir, pod, v, info)
 		if err != nil {
 			return Volume{}, err
 		}
@@ -315,6 +334,7 @@ func (m *Manager) Teardown(podUID string) error {
 
 	real, err := filepath.EvalSymlinks(dir)
 	if errors.Is(err, os.ErrNotExist) {
+		m.forgetTokens(podUID)
 		return nil
 	}
 	if err != nil {
@@ -326,6 +346,7 @@ func (m *Manager) Teardown(podUID string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("tear down pod uid %s: %w", podUID, err)
 	}
+	m.forgetTokens(podUID)
 	m.deps.Log.Debug("pod volumes removed", "uid", podUID)
 	return nil
 }

@@ -363,7 +363,7 @@ func TestSetupErrorsNameTheField(t *testing.T) {
 			`path "d/f" conflicts with "d"`},
 		{"serviceAccountToken", corev1.Volume{Name: "tok", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
 			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}},
-			`pod default/web: volume "tok": projected.sources[0].serviceAccountToken: service account tokens are not supported offline`},
+			`pod default/web: volume "tok": projected.sources[0].serviceAccountToken: no token: the pod is not in the store`},
 		{"unsupported source", corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}},
 			`pod default/web: volume "data": persistentVolumeClaim volumes are not supported`},
 		{"downwardAPI unsupported field", corev1.Volume{Name: "info", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{

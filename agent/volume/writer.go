@@ -173,7 +173,7 @@ func (w atomicWriter) sameContent(dir string, files map[string]file) (bool, erro
 		if err != nil {
 			return err
 		}
-		if fi.Mode().Perm() != want.mode || (w.gid >= 0 && fileGID(fi) != w.gid) {
+		if fi.Mode().Perm() != want.mode || (w.gid >= 0 && fileGID(fi) != w.gid) || (want.owner != nil && fileUID(fi) != *want.owner) {
 			same = false
 			return filepath.SkipAll
 		}
@@ -256,8 +256,12 @@ func (w atomicWriter) writeFile(p string, f file) error {
 		return err
 	}
 	_, err = fd.Write(f.data)
-	if err == nil && w.gid >= 0 {
-		err = fd.Chown(-1, w.gid)
+	if err == nil && (w.gid >= 0 || f.owner != nil) {
+		uid := -1
+		if f.owner != nil {
+			uid = int(*f.owner)
+		}
+		err = fd.Chown(uid, w.gid)
 	}
 	if err == nil {
 		err = fd.Chmod(f.mode)
@@ -352,6 +356,14 @@ func (w atomicWriter) removeStale(current string, files map[string]file) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// fileUID returns the user owning fi's file, -1 when unknown.
+func fileUID(fi fs.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int64(st.Uid)
+	}
+	return -1
 }
 
 // fileGID returns the group owning fi's file, -1 when unknown.

@@ -112,7 +112,11 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		// imported before the first pod runs, and later ones as they come.
 		images = newImageDir(cfg.ImageDir, rt, log)
 		images.importAll(ctx)
-		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, volume.Deps{Store: st, Clock: clk, Log: log})
+		vdeps := volume.Deps{Store: st, Clock: clk, Log: log}
+		if ksync != nil {
+			vdeps.Tokens = ksync.PodToken
+		}
+		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, vdeps)
 		if err != nil {
 			return err
 		}

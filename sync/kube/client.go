@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	certsv1 "k8s.io/api/certificates/v1"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,8 @@ var (
 func init() {
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme, coordv1.AddToScheme, discoveryv1.AddToScheme, certsv1.AddToScheme,
+		// TokenRequest, which Core posts to serviceaccounts/<name>/token.
+		authnv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			panic(err) // a programming error: the scheme is static
@@ -41,7 +44,9 @@ func Scheme() *runtime.Scheme { return scheme }
 // Client holds one REST client per API group outpost uses, all over the
 // same connection settings.
 type Client struct {
-	// Core is core/v1: nodes, pods, config maps, secrets, events.
+	// Core is core/v1: nodes, pods, config maps, secrets, events, and
+	// service account tokens (an authentication/v1 TokenRequest posted
+	// to the serviceaccounts/token subresource).
 	Core rest.Interface
 	// Coordination is coordination/v1: the node's Lease.
 	Coordination rest.Interface

@@ -10,7 +10,8 @@
 // the sink and the watches, and the pods keep running from the store.
 //
 // Requests go through client-go's REST client over a scheme that registers
-// only core/v1, coordination/v1, discovery/v1 and certificates/v1, with
+// only core/v1, coordination/v1, discovery/v1, certificates/v1 and
+// authentication/v1 (token requests), with
 // protobuf on the wire; the generated typed clients are never linked.
 //
 // # Caveats
