@@ -93,6 +93,25 @@ type LinkInfo struct {
 	// MirrorErrors names the static pods that have no mirror pod in the
 	// API, and why.
 	MirrorErrors []string `json:"mirrorErrors,omitempty"`
+	// Certificate is the node's client certificate when bootstrapping.
+	Certificate *CertInfo `json:"certificate,omitempty"`
+}
+
+// CertInfo is the state of the node's bootstrapped client certificate.
+type CertInfo struct {
+	// Phase is valid, requesting, denied or failing.
+	Phase string `json:"phase"`
+	// Usable reports whether the node has a certificate it can use now.
+	Usable bool `json:"usable"`
+	// Subject, NotAfter and RenewAt describe the current certificate.
+	Subject  string    `json:"subject,omitempty"`
+	NotAfter time.Time `json:"notAfter,omitzero"`
+	RenewAt  time.Time `json:"renewAt,omitzero"`
+	// CSR names the request in flight; Reason says why it waits or failed.
+	CSR    string `json:"csr,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Since is when Phase last changed.
+	Since time.Time `json:"since"`
 }
 
 // ReadStatus reads a Status from the store alone.

@@ -99,7 +99,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
 	if ksync != nil {
-		deps.Link = linkInfo(ksync)
+		deps.Link = ksync.linkInfo
 	}
 	var images *imageDir
 	if !*noPods {
@@ -163,7 +163,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		a.OnEvent(func(p *corev1.Pod, e agent.Event) { ksync.Event(p, e.Type, e.Reason, e.Message, e.Time) })
 		kctx, stopKube := context.WithCancel(ctx)
-		wait := runKubeSync(kctx, ksync)
+		wait := ksync.run(kctx)
 		defer func() { stopKube(); wait() }()
 	}
 	if images != nil {

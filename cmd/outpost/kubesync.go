@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/outpost-edge/outpost/agent"
 	ctrd "github.com/outpost-edge/outpost/agent/containerd"
@@ -19,17 +21,37 @@ import (
 	"github.com/outpost-edge/outpost/sync/kube"
 )
 
-// newKubeSync reads the kubeconfig and returns the API server sync, or nil
-// when the agent runs standalone. A kubeconfig that cannot be used is a
-// usage error (exit 2) naming the file and what is wrong; an unreachable
-// API server is not an error at all.
-func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.Logger, facts func() kube.NodeFacts) (*kube.Syncer, error) {
+// kubeSync is the API server sync and, when bootstrapping, the client
+// certificate it runs on.
+type kubeSync struct {
+	*kube.Syncer
+	boot *kube.Bootstrapper // nil without bootstrapKubeconfig
+}
+
+// newKubeSync reads the kubeconfig (or the bootstrap credentials) and
+// returns the API server sync, or nil when the agent runs standalone. A
+// kubeconfig that cannot be used is a usage error (exit 2) naming the file
+// and what is wrong; an unreachable API server is not an error at all.
+func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.Logger, facts func() kube.NodeFacts) (*kubeSync, error) {
 	if cfg.Kubeconfig == "" {
 		return nil, nil
 	}
-	rc, err := kube.LoadKubeconfig(cfg.Kubeconfig)
-	if err != nil {
-		return nil, usageError{err}
+	k := &kubeSync{}
+	var rc *rest.Config
+	if cfg.BootstrapKubeconfig != "" {
+		boot, err := kube.NewBootstrapper(kube.BootstrapConfig{
+			NodeName: cfg.NodeName, Kubeconfig: cfg.Kubeconfig, BootstrapKubeconfig: cfg.BootstrapKubeconfig,
+			CertDir: cfg.CertDir(), UserAgent: "outpost/" + version,
+		}, kube.BootstrapDeps{Clock: clk, Log: log.With("component", "bootstrap")})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		k.boot, rc = boot, boot.Config()
+	} else {
+		var err error
+		if rc, err = kube.LoadKubeconfig(cfg.Kubeconfig); err != nil {
+			return nil, usageError{err}
+		}
 	}
 	client, err := kube.NewClient(rc, "outpost/"+version)
 	if err != nil {
@@ -39,25 +61,46 @@ func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	for i, t := range cfg.Node.Taints {
 		taints[i] = corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)}
 	}
-	return kube.New(kube.Config{
+	k.Syncer, err = kube.New(kube.Config{
 		NodeName: cfg.NodeName, Labels: cfg.Node.Labels, Taints: taints,
 		WriteQPS: cfg.API.WriteQPS, WriteBurst: cfg.API.WriteBurst,
 	}, kube.Deps{Client: client, Store: st, NodeFacts: facts, Clock: clk, Log: log.With("component", "kube")})
+	if err != nil {
+		return nil, err
+	}
+	return k, nil
 }
 
-// runKubeSync runs s until ctx ends; the returned func waits for it.
-func runKubeSync(ctx context.Context, s *kube.Syncer) (wait func()) {
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	return func() { <-done }
+// run runs the sync until ctx ends; the returned func waits for it. When
+// bootstrapping, the sync starts once the node has a certificate (the
+// pods run meanwhile) and the bootstrapper keeps renewing it.
+func (k *kubeSync) run(ctx context.Context) (wait func()) {
+	var wg sync.WaitGroup
+	if k.boot != nil {
+		wg.Go(func() { k.boot.Run(ctx) })
+	}
+	wg.Go(func() {
+		if k.boot != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-k.boot.Ready():
+			}
+		}
+		k.Syncer.Run(ctx)
+	})
+	return wg.Wait
 }
 
 // linkInfo adapts the syncer's link state to the agent's status.
-func linkInfo(s *kube.Syncer) func() agent.LinkInfo {
-	return func() agent.LinkInfo {
-		l := s.Link()
-		return agent.LinkInfo{Server: l.Server, Connected: l.Connected, Since: l.Since, LastLease: l.LastLease, LastError: l.LastError, LastErrorAt: l.LastErrorAt, MirrorErrors: s.MirrorErrors()}
+func (k *kubeSync) linkInfo() agent.LinkInfo {
+	l := k.Link()
+	info := agent.LinkInfo{Server: l.Server, Connected: l.Connected, Since: l.Since, LastLease: l.LastLease, LastError: l.LastError, LastErrorAt: l.LastErrorAt, MirrorErrors: k.MirrorErrors()}
+	if k.boot != nil {
+		c := k.boot.State()
+		info.Certificate = &agent.CertInfo{Phase: string(c.Phase), Usable: c.Usable, Subject: c.Subject, NotAfter: c.NotAfter, RenewAt: c.RenewAt, CSR: c.CSR, Reason: c.Reason, Since: c.Since}
 	}
+	return info
 }
 
 // nodeFacts gathers what the Node's status says from the agent, the

@@ -124,6 +124,9 @@ func printStatus(w io.Writer, s agent.Status) error {
 		fmt.Fprintf(tw, "AGENT\toutpost %s, pid %d, up since %s\t\n", a.Version, a.PID, a.Started.Format(time.RFC3339))
 		fmt.Fprintf(tw, "BOARD\t%s\t\n", boardLine(a.Board))
 		fmt.Fprintf(tw, "LINK\t%s\t\n", linkLine(a.Link, s.JournalBacklog, time.Now()))
+		if a.Link != nil && a.Link.Certificate != nil {
+			fmt.Fprintf(tw, "CERT\t%s\t\n", certLine(a.Link.Certificate))
+		}
 	}
 	tw.Flush()
 	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
@@ -367,4 +370,25 @@ func linkLine(l *agent.LinkInfo, backlog int, now time.Time) string {
 		state += "; last error " + ago(l.LastErrorAt) + ": " + l.LastError
 	}
 	return state
+}
+
+// certLine describes the node's bootstrapped client certificate.
+func certLine(c *agent.CertInfo) string {
+	line := c.Phase
+	if c.Subject != "" {
+		line += ", " + c.Subject
+	}
+	if !c.NotAfter.IsZero() {
+		line += ", valid until " + c.NotAfter.Format(time.RFC3339)
+	}
+	if !c.RenewAt.IsZero() && c.Phase == "valid" {
+		line += ", renewed from " + c.RenewAt.Format(time.RFC3339)
+	}
+	if c.CSR != "" {
+		line += ", request " + c.CSR
+	}
+	if c.Reason != "" {
+		line += ": " + c.Reason
+	}
+	return line
 }

@@ -40,8 +40,14 @@ type Config struct {
 	// ContainerLogMaxFiles is how many files of a container's log are
 	// kept, the live one included.
 	ContainerLogMaxFiles int `json:"containerLogMaxFiles"`
-	// Kubeconfig points at the API server; empty runs standalone.
+	// Kubeconfig points at the API server; empty runs standalone. With
+	// BootstrapKubeconfig set it is where the node's own kubeconfig is
+	// kept (default stateDir/kubeconfig).
 	Kubeconfig string `json:"kubeconfig"`
+	// BootstrapKubeconfig, as kubelet's --bootstrap-kubeconfig, holds a
+	// bootstrap credential used to request the node's client certificate
+	// when Kubeconfig has no valid one; empty disables it.
+	BootstrapKubeconfig string `json:"bootstrapKubeconfig"`
 	// Node describes the Node registered with the API server.
 	Node Node `json:"node"`
 	// API paces the connection to the API server.
@@ -160,6 +166,10 @@ func (c Config) ContainerLogMaxBytes() int64 {
 // StorePath returns the store file's path.
 func (c Config) StorePath() string { return filepath.Join(c.StateDir, "outpost.db") }
 
+// CertDir returns the directory of the node's client certificate, which
+// bootstrapping writes (see BootstrapKubeconfig).
+func (c Config) CertDir() string { return filepath.Join(c.StateDir, "pki") }
+
 // SocketPath returns the local status socket's path.
 func (c Config) SocketPath() string { return filepath.Join(c.StateDir, "outpost.sock") }
 
@@ -206,6 +216,11 @@ func Parse(name string, data []byte) (Config, error) {
 			return cfg, &Error{File: name, Problems: unjoin(err)}
 		}
 	}
+	if cfg.BootstrapKubeconfig != "" && cfg.Kubeconfig == "" {
+		// The kubeconfig written after bootstrapping lives with the
+		// certificate it names.
+		cfg.Kubeconfig = filepath.Join(cfg.StateDir, "kubeconfig")
+	}
 	return cfg, cfg.validate(name)
 }
 
@@ -246,6 +261,12 @@ func (c Config) validate(name string) error {
 	}
 	if c.Kubeconfig != "" && !filepath.IsAbs(c.Kubeconfig) {
 		bad("kubeconfig", "%q is not an absolute path", c.Kubeconfig)
+	}
+	if c.BootstrapKubeconfig != "" && !filepath.IsAbs(c.BootstrapKubeconfig) {
+		bad("bootstrapKubeconfig", "%q is not an absolute path", c.BootstrapKubeconfig)
+	}
+	if c.BootstrapKubeconfig != "" && c.BootstrapKubeconfig == c.Kubeconfig {
+		bad("bootstrapKubeconfig", "%q is also kubeconfig; the node's kubeconfig would overwrite the bootstrap credential", c.BootstrapKubeconfig)
 	}
 	for k, v := range c.Node.Labels {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {

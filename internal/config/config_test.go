@@ -52,6 +52,8 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		{"node: {maxPods: 0}\n", "config.yaml: node.maxPods: 0 is not between 1 and 1000"},
 		{"api: {writeQPS: 0}\n", "config.yaml: api.writeQPS: 0 is not above 0 and at most 1000"},
 		{"api: {writeBurst: 0}\n", "config.yaml: api.writeBurst: 0 is not between 1 and 10000"},
+		{"bootstrapKubeconfig: bootstrap.kubeconfig\n", `config.yaml: bootstrapKubeconfig: "bootstrap.kubeconfig" is not an absolute path`},
+		{"bootstrapKubeconfig: /etc/outpost/kc\nkubeconfig: /etc/outpost/kc\n", `config.yaml: bootstrapKubeconfig: "/etc/outpost/kc" is also kubeconfig`},
 	}
 	for _, tt := range tests {
 		_, err := Parse("config.yaml", []byte(tt.src))
@@ -62,6 +64,27 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%q:\n got %s\nwant %s", tt.src, err, tt.want)
+		}
+	}
+}
+
+// With a bootstrap kubeconfig the node's own kubeconfig is written, by
+// default into stateDir beside the certificate it names.
+func TestBootstrapKubeconfigPlacesKubeconfig(t *testing.T) {
+	tests := []struct{ src, kubeconfig, certDir string }{
+		{"", "", "/var/lib/outpost/pki"},
+		{"bootstrapKubeconfig: /etc/outpost/bootstrap.kubeconfig\n", "/var/lib/outpost/kubeconfig", "/var/lib/outpost/pki"},
+		{"stateDir: /data/outpost\nbootstrapKubeconfig: /etc/outpost/bootstrap.kubeconfig\n", "/data/outpost/kubeconfig", "/data/outpost/pki"},
+		{"bootstrapKubeconfig: /etc/outpost/bootstrap.kubeconfig\nkubeconfig: /etc/outpost/node.kubeconfig\n", "/etc/outpost/node.kubeconfig", "/var/lib/outpost/pki"},
+	}
+	for _, tt := range tests {
+		cfg, err := Parse("config.yaml", []byte(tt.src))
+		if err != nil {
+			t.Errorf("%q: %v", tt.src, err)
+			continue
+		}
+		if cfg.Kubeconfig != tt.kubeconfig || cfg.CertDir() != tt.certDir {
+			t.Errorf("%q: kubeconfig %q, certDir %q; want %q, %q", tt.src, cfg.Kubeconfig, cfg.CertDir(), tt.kubeconfig, tt.certDir)
 		}
 	}
 }

@@ -152,6 +152,7 @@ var wantFiles = map[string]string{
 	"/etc/outpost/manifests":         "drwxr-xr-x",
 	"/var/lib/outpost":               "drwx------",
 	"/usr/share/outpost/config.yaml": "-rw-r--r--",
+	"/usr/share/outpost/rbac.yaml":   "-rw-r--r--",
 }
 
 func checkDeb(t *testing.T, deb, arch string) {
