@@ -52,8 +52,13 @@ test: testenv lint
 test-arm: build-all
 	@GO='$(GO)' BUILDTAGS='$(BUILDTAGS)' scripts/test-arm.sh
 
+# bench: the store, the reconnect replay against a real API server (root;
+# it skips without), the binary sizes and the idle agent's memory. The pod
+# startup benchmark needs containerd and network namespaces: see
+# docs/testing.md.
 bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...
+	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench BenchmarkReplayAfterOutage -benchtime 1x ./sync/kube/
 	@scripts/bench-size.sh
 
 demo: build
