@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -142,7 +144,8 @@ func apiPod(name, node, script string) *corev1.Pod {
 // TestKubeNodePodsMirrorDelete connects an agent to a real API server with
 // the node identity: the Node registers and becomes Ready, its Lease is
 // renewed, a pod created with the API runs with a config map from the API
-// and reports Running/Ready with its IP, a static pod gets a mirror pod,
+// and reports Running/Ready with its IP, a pod with the default service
+// account token volume finds its token, a static pod gets a mirror pod,
 // and deleting the API pod stops it gracefully and removes the object.
 func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	api := env.StartAPIServer(t)
@@ -212,6 +215,22 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	if out, err := n.fetch("http://" + got.Status.PodIP + ":8080/index.html"); err != nil || !strings.Contains(out, "hello from the api") {
 		t.Errorf("GET index.html from the pod = %q, %v", out, err)
 	}
+
+	// A pod with the service account token volume the API server adds by
+	// default (no controller manager publishes kube-root-ca.crt here, so
+	// the test does).
+	adm.create("configmaps", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt", Namespace: "default"}, Data: map[string]string{"ca.crt": string(api.CA.CertPEM())}})
+	sa := apiPod("api-sa", n.name, "cd /var/run/secrets/kubernetes.io/serviceaccount && test -s token && grep -q CERTIFICATE ca.crt && test $(cat namespace) = default && exec sleep 100000")
+	sa.Spec.AutomountServiceAccountToken = nil
+	sa.Spec.RestartPolicy = corev1.RestartPolicyNever
+	adm.create("pods", sa)
+	waitFor(t, 60*time.Second, "api-sa Running with its token", func() (bool, string) {
+		p, err := adm.pod("api-sa")
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+	})
 
 	// The static pod has a mirror pod with its status.
 	waitFor(t, 60*time.Second, "a running mirror pod of sensor", func() (bool, string) {
@@ -461,6 +480,86 @@ func TestKubeShortOutageResumesWatch(t *testing.T) {
 	for _, e := range api.AuditEvents(t)[seen:] {
 		if e.User.Username == "system:node:"+n.name && e.ObjectRef.Resource == "pods" && e.Verb == "list" {
 			t.Errorf("the agent relisted pods after a short outage: %+v", e)
+		}
+	}
+}
+
+// TestKubeBootstrap joins a node with only a bootstrap credential (a
+// member of system:bootstrappers) and the cluster bindings of
+// packaging/rbac.yaml: the agent asks for a node client certificate, runs
+// its static pod meanwhile, and once the request is approved and signed
+// registers as system:node:NAME with the certificate it keeps in stateDir.
+func TestKubeBootstrap(t *testing.T) {
+	api := env.StartAPIServer(t)
+	api.Kubectl(t, "apply", "-f", "../../packaging/rbac.yaml")
+	n := newNode(t, "e2e-boot")
+	certPEM, keyPEM, err := api.CA.Issue(pkix.Name{CommonName: "system:bootstrap:e2e0001", Organization: []string{"system:bootstrappers"}}, nil, nil, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := n.dir + "/bootstrap.kubeconfig"
+	if err := env.WriteKubeconfig(boot, api.URL, api.CA.CertPEM(), "bootstrap", "", certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(n.cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "bootstrapKubeconfig: %s\n", boot)
+	f.Close()
+	u, _ := url.Parse(api.URL)
+	n.forward(u.Host)
+	n.write("sensor.yaml", sensorPod)
+	n.start()
+
+	// No approver yet: the static pod runs while the request waits.
+	n.waitPod("sensor-"+n.name, 60*time.Second, "running", running)
+	waitFor(t, 30*time.Second, "a pending certificate request", func() (bool, string) {
+		s := mustStatus(t, n)
+		if s.Agent == nil || s.Agent.Link == nil || s.Agent.Link.Certificate == nil {
+			return false, "no certificate state"
+		}
+		c := s.Agent.Link.Certificate
+		return c.Phase == "requesting" && c.CSR != "", asJSON(c)
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	signed := make(chan struct{})
+	go func() { api.SignNodeCSRs(ctx, t, time.Hour); close(signed) }()
+	defer func() { cancel(); <-signed }()
+	adm := newAdmin(t, api)
+	waitFor(t, 60*time.Second, "the node registered and Ready", func() (bool, string) {
+		c, cancel := adm.ctx()
+		defer cancel()
+		var node corev1.Node
+		if err := adm.core.Get().Resource("nodes").Name(n.name).Do(c).Into(&node); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, asJSON(node.Status.Conditions)
+	})
+	s := mustStatus(t, n)
+	if c := s.Agent.Link.Certificate; c == nil || c.Phase != "valid" || c.Subject != "system:node:"+n.name && !strings.Contains(c.Subject, "system:node:"+n.name) {
+		t.Errorf("certificate state = %s", asJSON(c))
+	}
+	// The Node was created by the node identity, not the bootstrap one.
+	var creator string
+	for _, e := range api.AuditEvents(t) {
+		if e.ObjectRef.Resource == "nodes" && e.ObjectRef.Subresource == "" && e.Verb == "create" && e.ResponseStatus.Code == 201 {
+			creator = e.User.Username
+		}
+	}
+	if creator != "system:node:"+n.name {
+		t.Errorf("node created by %q, want system:node:%s", creator, n.name)
+	}
+	for _, p := range []string{"state/pki/outpost-client-current.pem", "state/kubeconfig"} {
+		fi, err := os.Stat(n.dir + "/" + p)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v; want a 0600 file", p, err, fi)
 		}
 	}
 }

@@ -108,6 +108,9 @@ log:
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Content volumes (tmpfs) of pods still running at the end would keep
+	// the temp dir from being removed.
+	n.unmountAtExit()
 	return n
 }
 

@@ -2,6 +2,7 @@ package env
 
 import (
 	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,10 +16,16 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	certsv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -317,4 +324,89 @@ func writeKey(path string, key *ecdsa.PrivateKey) error {
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	return n
+}
+
+// Kubectl runs kubectl with the admin kubeconfig and returns its output.
+func (a *APIServer) Kubectl(t testing.TB, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(lookTool(t, "kubectl"), append([]string{"--kubeconfig", a.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// SignNodeCSRs plays kube-controller-manager's csrapproving and
+// csrsigning controllers for node client certificates, which the test
+// environment does not run: until ctx ends it approves every pending
+// request for the kubernetes.io/kube-apiserver-client-kubelet signer and
+// issues its certificate from the CA, valid for validity.
+func (a *APIServer) SignNodeCSRs(ctx context.Context, t testing.TB, validity time.Duration) {
+	scheme := runtime.NewScheme()
+	if err := certsv1.AddToScheme(scheme); err != nil {
+		t.Error(err)
+		return
+	}
+	c := rest.CopyConfig(a.Config)
+	c.GroupVersion = &certsv1.SchemeGroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for ctx.Err() == nil {
+		var list certsv1.CertificateSigningRequestList
+		if err := rc.Get().Resource("certificatesigningrequests").Do(ctx).Into(&list); err == nil {
+			for i := range list.Items {
+				a.signCSR(ctx, rc, &list.Items[i], validity)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (a *APIServer) signCSR(ctx context.Context, rc *rest.RESTClient, csr *certsv1.CertificateSigningRequest, validity time.Duration) {
+	if csr.Spec.SignerName != certsv1.KubeAPIServerClientKubeletSignerName || len(csr.Status.Certificate) > 0 {
+		return
+	}
+	approved := false
+	for _, c := range csr.Status.Conditions {
+		approved = approved || c.Type == certsv1.CertificateApproved
+		if c.Type == certsv1.CertificateDenied || c.Type == certsv1.CertificateFailed {
+			return
+		}
+	}
+	if !approved {
+		csr.Status.Conditions = append(csr.Status.Conditions, certsv1.CertificateSigningRequestCondition{
+			Type: certsv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "E2EApprove", Message: "approved by the test environment",
+		})
+		if err := rc.Put().Resource("certificatesigningrequests").Name(csr.Name).SubResource("approval").Body(csr).Do(ctx).Into(csr); err != nil {
+			return
+		}
+	}
+	block, _ := pem.Decode(csr.Spec.Request)
+	if block == nil {
+		return
+	}
+	req, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: req.Subject,
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(validity),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.CA.Cert, req.PublicKey, a.CA.Key)
+	if err != nil {
+		return
+	}
+	csr.Status.Certificate = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	rc.Put().Resource("certificatesigningrequests").Name(csr.Name).SubResource("status").Body(csr).Do(ctx).Error()
 }
