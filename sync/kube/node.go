@@ -107,7 +107,10 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 	}
 	if !created {
 		// The node controller may have marked the Node Unknown while we
-		// were away: send the status even if ours did not change.
+		// were away: ensureNode compared with what the Node holds, and
+		// the status is sent when that differs from ours or its
+		// heartbeat is older than NodeStatusPeriod, as kubelet decides
+		// after reading the Node.
 		if err := n.writeStatus(ctx, true); err != nil {
 			if isLinkDown(err) {
 				return err
@@ -261,7 +264,7 @@ func (n *nodeLoop) ensureNode(ctx context.Context) (created bool, err error) {
 			return false, fmt.Errorf("get node %s: %w", name, err)
 		}
 		s.setNodeUID(node.UID)
-		n.status.observe(node.Status.Conditions)
+		n.status.observe(node.Status)
 		return false, n.mergeLabels(ctx, &node)
 	}
 	return false, fmt.Errorf("register node %s: created and deleted again while registering", name)
@@ -273,7 +276,7 @@ func (n *nodeLoop) ensureNode(ctx context.Context) (created bool, err error) {
 func (n *nodeLoop) createNode(ctx context.Context) error {
 	s := n.s
 	now := s.deps.Clock.Now()
-	n.status.observe(nil)
+	n.status.observe(corev1.NodeStatus{})
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: n.labels()},
 		Spec:       corev1.NodeSpec{Taints: s.cfg.Taints},
@@ -385,18 +388,20 @@ func nodeMaySetLabel(key string) bool {
 	return inDomain(corev1.LabelNamespaceSuffixKubelet) || inDomain(corev1.LabelNamespaceSuffixNode)
 }
 
-// writeStatus sends the Node's status when it is due, or always when
-// force is set (the link came up). It is a strategic merge patch of
+// writeStatus sends the Node's status when it is due; after the link came
+// up (afterConnect) the write waits for the replay limiter. It is a
+// strategic merge patch of
 // nodes/NAME/status, as kubelet sends: conditions merge by type, so
 // conditions others set (node-problem-detector's) stay; addresses are
 // replaced whole, as kubelet does, because their merge key is not unique.
-func (n *nodeLoop) writeStatus(ctx context.Context, force bool) error {
+func (n *nodeLoop) writeStatus(ctx context.Context, afterConnect bool) error {
 	s := n.s
 	now := s.deps.Clock.Now()
 	st := n.status.build(s.deps.NodeFacts().Status, now)
-	if !force && !n.status.due(st, now, s.cfg.NodeStatusPeriod) {
+	if !n.status.due(st, now, s.cfg.NodeStatusPeriod) {
 		return nil
 	}
+	force := afterConnect
 	body, err := nodeStatusPatch(n.status.last, st)
 	if err != nil {
 		return fmt.Errorf("patch status of node %s: %w", s.cfg.NodeName, err)
@@ -471,12 +476,28 @@ type nodeStatusTracker struct {
 
 // observe takes the conditions the Node has on the API server as the
 // base of transition times; the next status is sent in full.
-func (t *nodeStatusTracker) observe(conds []corev1.NodeCondition) {
+func (t *nodeStatusTracker) observe(st corev1.NodeStatus) {
 	t.prev = map[corev1.NodeConditionType]corev1.NodeCondition{}
-	for _, c := range conds {
+	for _, c := range st.Conditions {
 		t.prev[c.Type] = c
 	}
-	t.last = nil
+	t.last, t.sentAt = nil, time.Time{}
+	// What the Node holds of ours counts as sent, as of its Ready
+	// heartbeat: a status that reads the same need not be sent again
+	// before NodeStatusPeriod.
+	owned := corev1.NodeStatus{
+		Capacity: st.Capacity, Allocatable: st.Allocatable, NodeInfo: st.NodeInfo,
+		DaemonEndpoints: st.DaemonEndpoints, Addresses: st.Addresses,
+	}
+	for _, c := range st.Conditions {
+		switch c.Type {
+		case corev1.NodeReady, corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure:
+			owned.Conditions = append(owned.Conditions, c)
+		}
+		if c.Type == corev1.NodeReady {
+			t.last, t.sentAt = &owned, c.LastHeartbeatTime.Time
+		}
+	}
 }
 
 // build returns the status to publish at now: the facts' status with the

@@ -167,10 +167,10 @@ func TestNodeStatusTimes(t *testing.T) {
 	// What the Node holds seeds the transition times: a Ready that the
 	// node controller set Unknown while we were away gets a new one.
 	old := metav1.NewTime(ndEpoch.Add(-time.Hour))
-	tr.observe([]corev1.NodeCondition{
+	tr.observe(corev1.NodeStatus{Conditions: []corev1.NodeCondition{
 		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: metav1.NewTime(later)},
 		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, LastTransitionTime: old},
-	})
+	}})
 	back := later.Add(time.Hour)
 	st = tr.build(ndStatus(), back)
 	if c := ndCondition(st, corev1.NodeReady); !c.LastTransitionTime.Time.Equal(back) {
@@ -181,6 +181,28 @@ func TestNodeStatusTimes(t *testing.T) {
 	}
 	if !tr.due(st, back, time.Hour) {
 		t.Error("status after observe is not due; it must be sent in full")
+	}
+
+	// A Node that holds our status as we would send it, with a recent
+	// heartbeat, needs no write after a reconnect (kubelet reads the
+	// Node and compares too); an old heartbeat or any difference does.
+	var fresh nodeStatusTracker
+	held := fresh.build(ndStatus(), ndEpoch)
+	var again nodeStatusTracker
+	again.observe(*held.DeepCopy())
+	soon := ndEpoch.Add(3 * time.Minute)
+	if st := again.build(ndStatus(), soon); again.due(st, soon, 5*time.Minute) {
+		t.Error("status the Node already holds, heartbeat 3 min old: due, want no write")
+	}
+	again.observe(*held.DeepCopy())
+	if st := again.build(ndStatus(), ndEpoch.Add(6*time.Minute)); !again.due(st, ndEpoch.Add(6*time.Minute), 5*time.Minute) {
+		t.Error("status the Node already holds, heartbeat 6 min old: not due, want a write")
+	}
+	changed := *held.DeepCopy()
+	changed.Conditions[0].Status = corev1.ConditionUnknown
+	again.observe(changed)
+	if st := again.build(ndStatus(), soon); !again.due(st, soon, 5*time.Minute) {
+		t.Error("Node marked Unknown meanwhile: not due, want a write")
 	}
 }
 
@@ -801,7 +823,9 @@ func TestNodeLoopBackoff(t *testing.T) {
 		t.Errorf("offline logged again after the transition was: %q", got)
 	}
 
-	// Back again: Node, status, Lease, in that order; then synced.
+	// Back again 11 s later: the Node is read, and since it holds our
+	// status with a recent heartbeat only the Lease is written (as kubelet
+	// compares with the Node it reads); then synced.
 	from := len(api.log(0))
 	api.setFail(0)
 	clk.Advance(d)
@@ -810,7 +834,7 @@ func TestNodeLoopBackoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"GET /api/v1/nodes/n1 200", "PATCH /api/v1/nodes/n1/status 200",
+		"GET /api/v1/nodes/n1 200",
 		"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
 	}
 	if got := api.log(from); !slices.Equal(got, want) {
@@ -1361,9 +1385,11 @@ func ndTestOutage(t *testing.T, c *ndCluster) {
 	if err := s.waitNodeSynced(ctx); err != nil {
 		t.Fatalf("node not synced after the API server came back: %v (link %+v)", err, s.Link())
 	}
+	// The Node holds our unchanged status, from under NodeStatusPeriod
+	// ago: only the Lease says the node is back.
 	n := c.node(t, name)
-	if r := ndCondition(n.Status, corev1.NodeReady); r.LastHeartbeatTime.Time.Before(back) {
-		t.Errorf("Ready heartbeat %v, want the status written on reconnect (since %v)", r.LastHeartbeatTime, back)
+	if r := ndCondition(n.Status, corev1.NodeReady); !r.LastHeartbeatTime.Time.Before(down.Truncate(time.Second).Add(time.Second)) {
+		t.Errorf("Ready heartbeat %v: the unchanged status was written again on reconnect (link down at %v)", r.LastHeartbeatTime, down)
 	}
 	l, err := c.lease(name)
 	if err != nil || l.Spec.RenewTime.Time.Before(back) {
