@@ -28,16 +28,35 @@ var ownedStatusFields = []string{
 	"initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses",
 }
 
-// statusPatch returns the JSON merge patch (RFC 7386) that makes the
-// status of the pod with the given UID on the server equal st in every
-// field the node owns. metadata.uid in the patch is a precondition: the
-// API server refuses it with 409 Conflict when the pod of that name has
-// another UID (it was deleted and created again), as it does kubelet's.
+// ownedConditions are the pod conditions the node sets, as kubelet does.
+// Others (DisruptionTarget from an eviction, readiness gates' conditions)
+// belong to whoever set them and are kept.
+var ownedConditions = []corev1.PodConditionType{
+	corev1.PodScheduled, corev1.PodReadyToStartContainers, corev1.PodInitialized,
+	corev1.ContainersReady, corev1.PodReady,
+}
+
+// replacedLists are the owned list fields a patch replaces whole, as a
+// full status has them: their merge keys (container name, IP) say nothing
+// of entries the server kept from before.
+var replacedLists = map[string]bool{
+	"hostIPs": true, "podIPs": true,
+	"initContainerStatuses": true, "containerStatuses": true, "ephemeralContainerStatuses": true,
+}
+
+// statusPatch returns the strategic merge patch that makes the status of
+// the pod with the given UID on the server equal st in every field the
+// node owns, without touching the others. metadata.uid in the patch is a
+// precondition: the API server refuses it (422, uid is immutable) when the
+// pod of that name has another UID (it was deleted and created again).
 //
-// A merge patch, not kubelet's strategic merge patch computed against the
-// server's status: a node may PATCH pods/status but not GET it, and after
-// an agent restart or an outage it does not know what the server holds.
-// A merge patch replaces lists whole, which is what a full status needs.
+// kubelet computes its patch against the status it read; a node may PATCH
+// pods/status but not GET it, and after an agent restart or an outage it
+// does not know what the server holds. So every owned field is set: a
+// scalar to its value or null; the lists (container statuses, IPs) whole,
+// with a "$patch: replace" element; the conditions merged by type, ours
+// set and those of ours that no longer apply deleted, so that conditions
+// others set, such as the DisruptionTarget of an eviction, stay.
 func statusPatch(uid types.UID, st *corev1.PodStatus) ([]byte, error) {
 	if uid == "" {
 		return nil, errors.New("status patch: no pod uid")
@@ -50,12 +69,22 @@ func statusPatch(uid types.UID, st *corev1.PodStatus) ([]byte, error) {
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, fmt.Errorf("status patch: %w", err)
 	}
-	status := make(map[string]json.RawMessage, len(ownedStatusFields))
+	status := make(map[string]any, len(ownedStatusFields))
 	for _, f := range ownedStatusFields {
-		if v, ok := fields[f]; ok {
+		v, ok := fields[f]
+		switch {
+		case f == "conditions":
+			status[f] = conditionsPatch(st.Conditions)
+		case !ok:
+			status[f] = nil
+		case replacedLists[f]:
+			var items []json.RawMessage
+			if err := json.Unmarshal(v, &items); err != nil {
+				return nil, fmt.Errorf("status patch: %s: %w", f, err)
+			}
+			status[f] = append(items, json.RawMessage(`{"$patch":"replace"}`))
+		default:
 			status[f] = v
-		} else {
-			status[f] = json.RawMessage("null")
 		}
 	}
 	// encoding/json sorts map keys: the same status gives the same bytes.
@@ -63,6 +92,24 @@ func statusPatch(uid types.UID, st *corev1.PodStatus) ([]byte, error) {
 		"metadata": map[string]any{"uid": uid},
 		"status":   status,
 	})
+}
+
+// conditionsPatch is the conditions part of a status patch: the status's
+// conditions, merged by type on the server, and a delete directive for
+// each condition the node owns that the status lacks.
+func conditionsPatch(conds []corev1.PodCondition) []any {
+	out := make([]any, 0, len(ownedConditions)+len(conds))
+	have := map[corev1.PodConditionType]bool{}
+	for _, c := range conds {
+		out = append(out, c)
+		have[c.Type] = true
+	}
+	for _, t := range ownedConditions {
+		if !have[t] {
+			out = append(out, map[string]string{"type": string(t), "$patch": "delete"})
+		}
+	}
+	return out
 }
 
 // journalPod decodes a journal entry of a pod status: the pod's

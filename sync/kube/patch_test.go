@@ -115,9 +115,34 @@ func TestPatchClearsAbsentOwnedFields(t *testing.T) {
 		t.Errorf("patch of an empty status has %d fields, want the %d owned ones", len(empty), len(ownedStatusFields))
 	}
 	for _, f := range ownedStatusFields {
+		if f == "conditions" {
+			continue
+		}
 		if string(empty[f]) != "null" {
 			t.Errorf("owned field %s is %s in the patch of an empty status, want null", f, empty[f])
 		}
+	}
+	// Conditions merge by type: those of the node's that a status lacks
+	// are deleted one by one, and others' are left alone.
+	var conds []map[string]string
+	if err := json.Unmarshal(empty["conditions"], &conds); err != nil {
+		t.Fatal(err)
+	}
+	if len(conds) != len(ownedConditions) {
+		t.Fatalf("conditions of an empty status = %s, want a delete for each of %v", empty["conditions"], ownedConditions)
+	}
+	for i, c := range conds {
+		if c["$patch"] != "delete" || c["type"] != string(ownedConditions[i]) {
+			t.Errorf("condition directive %d = %v, want a delete of %s", i, c, ownedConditions[i])
+		}
+	}
+	// Lists are replaced whole.
+	var ips []map[string]string
+	if err := json.Unmarshal(full["podIPs"], &ips); err != nil {
+		t.Fatal(err)
+	}
+	if len(ips) == 0 || ips[len(ips)-1]["$patch"] != "replace" {
+		t.Errorf("podIPs = %s, want the IPs and a replace directive", full["podIPs"])
 	}
 }
 

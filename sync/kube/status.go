@@ -40,7 +40,7 @@ const (
 // podAPI is what the status sink asks of the API server. restPods is the
 // real one; the unit tests use a fake.
 type podAPI interface {
-	// patchStatus sends a JSON merge patch to pods/NAME/status.
+	// patchStatus sends a strategic merge patch to pods/NAME/status.
 	patchStatus(ctx context.Context, namespace, name string, patch []byte) (*corev1.Pod, error)
 	// deletePod deletes a pod at once (grace period 0) if it still has
 	// the given UID.
@@ -580,7 +580,7 @@ type restPods struct{ s *Syncer }
 
 func (r restPods) patchStatus(ctx context.Context, namespace, name string, patch []byte) (*corev1.Pod, error) {
 	var out corev1.Pod
-	err := r.s.deps.Client.Core.Patch(types.MergePatchType).
+	err := r.s.deps.Client.Core.Patch(types.StrategicMergePatchType).
 		Namespace(namespace).Resource("pods").Name(name).SubResource("status").
 		Body(patch).Do(ctx).Into(&out)
 	if err != nil {

@@ -758,6 +758,31 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("conditions others set are kept", func(t *testing.T) {
+		p := e.createPod("evicted", "n1")
+		e.desire(store.SourceAPI, p)
+		e.journal(p, runningWithIP("10.88.0.10"))
+		sinkEventually(t, "status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.PodIP == "10.88.0.10" })
+		// The control plane marks the pod for eviction (as the taint
+		// manager does), then the node reports a newer status.
+		dt := []byte(`{"status":{"conditions":[{"type":"DisruptionTarget","status":"True","reason":"DeletionByTaintManager"}]}}`)
+		if err := e.admin.Core.Patch(types.StrategicMergePatchType).Namespace("default").Resource("pods").Name("evicted").SubResource("status").Body(dt).Do(t.Context()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		e.journal(p, corev1.PodStatus{Phase: corev1.PodPending})
+		sinkEventually(t, "newer status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.Phase == corev1.PodPending })
+		var have []corev1.PodConditionType
+		for _, c := range e.get("evicted").Status.Conditions {
+			have = append(have, c.Type)
+		}
+		if !slices.Contains(have, corev1.DisruptionTarget) {
+			t.Errorf("conditions after the node's patch = %v, want DisruptionTarget kept", have)
+		}
+		if slices.Contains(have, corev1.PodReady) {
+			t.Errorf("conditions after the node's patch = %v, want the node's Ready, absent from its status, deleted", have)
+		}
+	})
+
 	t.Run("outage coalesces to one patch", func(t *testing.T) {
 		p := e.createPod("coalesce", "n1")
 		e.desire(store.SourceAPI, p)
