@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned tools the end-to-end tests run: etcd, kube-apiserver,
-# kubectl, distribution's OCI registry, and nfpm for the package test
+# kube-controller-manager, kubectl, distribution's OCI registry, and nfpm for the package test
 # (scripts/packaging/tools.sh), from the Go module proxy, into a cache
 # directory outside the repository ($OUTPOST_TOOLS, default
 # /var/cache/outpost-testenv). A tool already present at its pinned
@@ -21,13 +21,13 @@ export CGO_ENABLED=0
 stamp() { cat "$BIN/.$1.version" 2>/dev/null || true; }
 
 build_kube() {
-	if [[ "$(stamp kube)" == "$KUBE_VERSION" && -x "$BIN/kube-apiserver" && -x "$BIN/kubectl" ]]; then
-		echo "testenv: kube-apiserver and kubectl $KUBE_VERSION already built"
+	if [[ "$(stamp kube)" == "$KUBE_VERSION" && -x "$BIN/kube-apiserver" && -x "$BIN/kubectl" && -x "$BIN/kube-controller-manager" ]]; then
+		echo "testenv: kube-apiserver, kube-controller-manager and kubectl $KUBE_VERSION already built"
 		return
 	fi
 	local src="$TOOLS/src/kube-$KUBE_VERSION"
 	rm -rf "$src" && mkdir -p "$src" && cd "$src"
-	echo "testenv: building kube-apiserver and kubectl $KUBE_VERSION (first time takes several minutes)"
+	echo "testenv: building kube-apiserver, kube-controller-manager and kubectl $KUBE_VERSION (first time takes several minutes)"
 	local staging="v0${KUBE_VERSION#v1}"
 	local kmod
 	kmod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
@@ -50,12 +50,14 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 EOT
 	go mod tidy >/dev/null 2>&1 || true
 	go build -trimpath -ldflags '-s -w' -o "$BIN/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
 	go build -trimpath -ldflags '-s -w' -o "$BIN/kubectl" k8s.io/kubernetes/cmd/kubectl
+	go build -trimpath -ldflags '-s -w' -o "$BIN/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
 	echo "$KUBE_VERSION" >"$BIN/.kube.version"
 }
 

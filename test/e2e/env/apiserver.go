@@ -410,3 +410,26 @@ func (a *APIServer) signCSR(ctx context.Context, rc *rest.RESTClient, csr *certs
 	csr.Status.Certificate = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	rc.Put().Resource("certificatesigningrequests").Name(csr.Name).SubResource("status").Body(csr).Do(ctx).Error()
 }
+
+// StartControllerManager runs kube-controller-manager against a, with only
+// the node lifecycle and taint eviction controllers: it marks a node
+// whose Lease stops being renewed for nodeGrace unreachable, taints it
+// NoExecute, and evicts the pods that do not tolerate that. It is stopped
+// in t's cleanup.
+func (a *APIServer) StartControllerManager(t testing.TB, nodeGrace time.Duration) {
+	t.Helper()
+	bin := lookTool(t, "kube-controller-manager")
+	p := start(t, a.Dir, "kube-controller-manager", bin,
+		"--kubeconfig", a.Kubeconfig,
+		"--controllers", "node-lifecycle-controller,taint-eviction-controller",
+		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
+		"--node-monitor-period", "1s", "--node-monitor-grace-period", nodeGrace.String(),
+		"--node-startup-grace-period", nodeGrace.String(),
+	)
+	// It has no health endpoint without a secure port: give it a moment
+	// and make sure it did not exit.
+	time.Sleep(2 * time.Second)
+	if p.exited() {
+		t.Fatalf("kube-controller-manager exited; log:\n%s", tail(p.log, 40))
+	}
+}
