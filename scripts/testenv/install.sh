@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Installs, as root on Debian or Ubuntu, the packages the demo, the
-# end-to-end tests, make test-arm (qemu-user-static) and the package test
-# (lintian, rpm) use, and fetches the arm64 busybox for the multi-arch
-# test image. Safe to run again: it
-# installs only what is missing.
+# end-to-end tests, make test-arm (qemu-user-static) and the package tests
+# (lintian, rpm; shellcheck and mmdebstrap for scripts/install.sh's;
+# fdisk, dosfstools, mtools and e2fsprogs for scripts/flash-pi.sh's) use,
+# and fetches the arm64 busybox for the multi-arch test image. Safe to run
+# again: it installs only what is missing.
 set -euo pipefail
 
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
-PKGS=(containerd runc mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates python3 jq qemu-user-static qemu-user-static lintian rpm)
+PKGS=(containerd runc mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates python3 jq qemu-user-static qemu-user-static lintian rpm shellcheck mmdebstrap fdisk dosfstools mtools e2fsprogs)
 # Commands that say a package is there. The package manager is asked only
 # when one is missing, so a second run costs nothing. "a|b" is either.
 # qemu-user-static (make test-arm) names its emulators qemu-aarch64-static
 # on Debian 12 and Ubuntu, plain qemu-aarch64 from Debian 13 on.
 CMDS=(containerd runc mosquitto mosquitto_pub busybox nft ip update-ca-certificates python3 jq
-	"qemu-aarch64-static|qemu-aarch64" "qemu-arm-static|qemu-arm" lintian rpm)
+	"qemu-aarch64-static|qemu-aarch64" "qemu-arm-static|qemu-arm" lintian rpm shellcheck mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4)
 
 if [[ $(id -u) != 0 ]]; then
 	echo "install.sh: must run as root (apt-get install)" >&2
