@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 
@@ -590,9 +591,11 @@ func healthyNode(t *testing.T, adm *admin, name string) {
 	if err := adm.core.Post().Resource("nodes").Body(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}).Do(ctx).Into(&node); err != nil {
 		t.Fatalf("create node %s: %v", name, err)
 	}
-	now := metav1.Now()
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
-	if err := adm.core.Put().Resource("nodes").Name(name).SubResource("status").Body(&node).Do(ctx).Error(); err != nil {
+	// A patch, not an update: the controller manager may have touched
+	// the Node since it was created.
+	now := time.Now().UTC().Format(time.RFC3339)
+	ready := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`, now, now)
+	if err := adm.core.Patch(types.StrategicMergePatchType).Resource("nodes").Name(name).SubResource("status").Body([]byte(ready)).Do(ctx).Error(); err != nil {
 		t.Fatalf("node %s status: %v", name, err)
 	}
 	holder, secs := name, int32(40)
