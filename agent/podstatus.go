@@ -74,7 +74,12 @@ func invalidStatus(pod *corev1.Pod, msg, hostIP string) corev1.PodStatus {
 // report computes the pod's status like kubelet and, when it changed,
 // writes it to the journal. Only transitions reach the disk.
 func (w *worker) report(pod *corev1.Pod, byName map[string]attempts) {
-	st := w.computeStatus(pod, byName)
+	w.journalStatus(pod, w.computeStatus(pod, byName))
+}
+
+// journalStatus records st as the pod's status and journals it when it
+// changed.
+func (w *worker) journalStatus(pod *corev1.Pod, st corev1.PodStatus) {
 	w.mu.Lock()
 	w.status = st
 	w.mu.Unlock()

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -145,26 +144,4 @@ func unknownIfNotTerminated(cs *corev1.ContainerStatus) {
 	cs.Ready = false
 	started := false
 	cs.Started = &started
-}
-
-// journalStatus records st as the pod's status and journals it when it
-// changed (report does the same for a status it computes).
-func (w *worker) journalStatus(pod *corev1.Pod, st corev1.PodStatus) {
-	w.mu.Lock()
-	w.status = st
-	w.mu.Unlock()
-	entry := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}, Status: st}
-	data, err := entry.Marshal()
-	if err != nil {
-		w.log.Error("encode pod status", "err", err)
-		return
-	}
-	if bytes.Equal(data, w.lastSent) {
-		return
-	}
-	if _, err := w.m.store.Append(JournalKey(pod.Namespace, pod.Name), data); err != nil {
-		w.log.Warn("journal pod status", "err", err)
-		return
-	}
-	w.lastSent = data
 }
