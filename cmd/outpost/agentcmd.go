@@ -157,7 +157,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if ksync != nil {
-		nf.agent, nf.rt = a, rt
+		nf.agent, nf.rt, nf.hostIP = a, rt, acfg.Pods.HostIP
 		if rt != nil {
 			nf.version, _ = rt.Version(ctx)
 		}

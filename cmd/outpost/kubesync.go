@@ -109,8 +109,11 @@ type nodeFacts struct {
 	cfg   config.Config
 	clk   clock.Clock
 	board arm.Facts
-	agent *agent.Agent
-	rt    *ctrd.Runtime // nil with --record-only
+	// hostIP is the InternalIP the pods were given as status.hostIP, so
+	// the Node says the same.
+	hostIP string
+	agent  *agent.Agent
+	rt     *ctrd.Runtime // nil with --record-only
 
 	// Only the sync's node loop calls facts, so these need no lock.
 	version   string
@@ -128,7 +131,7 @@ func (n *nodeFacts) facts() kube.NodeFacts {
 		deps.RuntimeHealth = n.runtimeHealth
 	}
 	st := agent.NodeStatus(agent.NodeConfig{
-		Hostname: n.cfg.NodeName, HostIP: hostIP(), MaxPods: n.cfg.Node.MaxPods,
+		Hostname: n.cfg.NodeName, HostIP: n.hostIP, MaxPods: n.cfg.Node.MaxPods,
 		StorageDir: n.cfg.StateDir, RuntimeVersion: n.version, KubeletPort: kubeletPort(n.cfg),
 	}, deps)
 	return kube.NodeFacts{Labels: n.board.Labels(), Status: st}
