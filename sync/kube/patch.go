@@ -36,13 +36,12 @@ var ownedConditions = []corev1.PodConditionType{
 	corev1.ContainersReady, corev1.PodReady,
 }
 
-// replacedLists are the owned list fields a patch replaces whole, as a
-// full status has them: their merge keys (container name, IP) say nothing
-// of entries the server kept from before.
-var replacedLists = map[string]bool{
-	"hostIPs": true, "podIPs": true,
-	"initContainerStatuses": true, "containerStatuses": true, "ephemeralContainerStatuses": true,
-}
+// replacedLists are the owned list fields with a merge key (the IP) that
+// a patch replaces whole, as a full status has them, with a "$patch:
+// replace" element. The container status lists have no patch strategy:
+// a strategic merge patch replaces them whole already, and would take
+// such an element for a container status of its own.
+var replacedLists = map[string]bool{"hostIPs": true, "podIPs": true}
 
 // statusPatch returns the strategic merge patch that makes the status of
 // the pod with the given UID on the server equal st in every field the
@@ -53,8 +52,8 @@ var replacedLists = map[string]bool{
 // kubelet computes its patch against the status it read; a node may PATCH
 // pods/status but not GET it, and after an agent restart or an outage it
 // does not know what the server holds. So every owned field is set: a
-// scalar to its value or null; the lists (container statuses, IPs) whole,
-// with a "$patch: replace" element; the conditions merged by type, ours
+// scalar to its value or null; the lists whole (the IP lists, which have
+// a merge key, with a "$patch: replace" element); the conditions merged by type, ours
 // set and those of ours that no longer apply deleted, so that conditions
 // others set, such as the DisruptionTarget of an eviction, stay.
 func statusPatch(uid types.UID, st *corev1.PodStatus) ([]byte, error) {

@@ -769,6 +769,11 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		if err := e.admin.Core.Patch(types.StrategicMergePatchType).Namespace("default").Resource("pods").Name("evicted").SubResource("status").Body(dt).Do(t.Context()).Error(); err != nil {
 			t.Fatal(err)
 		}
+		e.journal(p, runningWithIP("10.88.0.11"))
+		sinkEventually(t, "second status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.PodIP == "10.88.0.11" })
+		if got := e.get("evicted").Status; len(got.ContainerStatuses) != 1 || got.ContainerStatuses[0].Name != "app" || len(got.PodIPs) != 1 {
+			t.Errorf("after a second full status: containerStatuses %s, podIPs %v; want exactly the status's", asJSONForTest(got.ContainerStatuses), got.PodIPs)
+		}
 		e.journal(p, corev1.PodStatus{Phase: corev1.PodPending})
 		sinkEventually(t, "newer status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.Phase == corev1.PodPending })
 		var have []corev1.PodConditionType
@@ -906,4 +911,9 @@ func TestStatusOutcomeOf(t *testing.T) {
 			}
 		})
 	}
+}
+
+func asJSONForTest(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
