@@ -388,7 +388,11 @@ func TestKubeOffline(t *testing.T) {
 	}
 	n.waitPod("flaky", 90*time.Second, "restarted twice by its liveness probe", func(p *agent.PodInfo) bool { return agentRestarts(p) >= base+2 })
 	os.Remove(ctl + "/fail")
-	stable := n.waitPod("flaky", 60*time.Second, "running again", running)
+	// A probe that ran just before the removal may still kill the running
+	// container; after a few probe periods, a running container is one the
+	// probe passes.
+	time.Sleep(5 * time.Second)
+	stable := n.waitPod("flaky", 90*time.Second, "running again", running)
 	s, err := n.status()
 	if err != nil {
 		t.Fatal(err)
@@ -406,14 +410,17 @@ func TestKubeOffline(t *testing.T) {
 	// The API server comes back: the statuses converge.
 	seen := len(api.AuditEvents(t))
 	api.Start(t)
-	want := agentRestarts(stable)
 	waitFor(t, 60*time.Second, "flaky's restart count in the API", func() (bool, string) {
 		p, err := adm.pod("flaky")
 		if err != nil {
 			return false, err.Error()
 		}
-		return apiRestarts(p) == want && p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+		want := agentRestarts(findPod(mustStatus(t, n), "flaky"))
+		return apiRestarts(p) == want && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("agent restarts %d; API %s", want, asJSON(p.Status))
 	})
+	if got := agentRestarts(findPod(mustStatus(t, n), "flaky")); got != agentRestarts(stable) {
+		t.Errorf("flaky restarted after its probe passed: restart count %d, was %d", got, agentRestarts(stable))
+	}
 	waitFor(t, 30*time.Second, "an empty journal", func() (bool, string) {
 		s := mustStatus(t, n)
 		return s.JournalBacklog == 0, fmt.Sprintf("backlog %d", s.JournalBacklog)
