@@ -1,0 +1,429 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// This file is the seam between what outpost wants in its table and how it
+// gets there. Rules are built from the statements below, each of which
+// prints as nft(8) syntax; a Tx is one atomic batch of changes; a Ruleset
+// applies a Tx to the kernel (netlink) or to the in-repo fake.
+
+// Stmt is one statement of a rule, printed in nft syntax.
+type Stmt interface {
+	String() string
+}
+
+// Rule is an ordered list of statements.
+type Rule struct {
+	Stmts []Stmt
+	// Comment is kept with the rule (nft prints it as comment "…").
+	Comment string
+}
+
+// String prints the rule as nft does, statements separated by spaces.
+func (r Rule) String() string {
+	parts := make([]string, 0, len(r.Stmts)+1)
+	for _, s := range r.Stmts {
+		parts = append(parts, s.String())
+	}
+	if r.Comment != "" {
+		parts = append(parts, fmt.Sprintf("comment %q", r.Comment))
+	}
+	return strings.Join(parts, " ")
+}
+
+// ChainType is the type of a base chain.
+type ChainType string
+
+// Base chain types.
+const (
+	ChainTypeNAT    ChainType = "nat"
+	ChainTypeFilter ChainType = "filter"
+)
+
+// Hook is a netfilter hook a base chain attaches to.
+type Hook string
+
+// Hooks.
+const (
+	HookPrerouting  Hook = "prerouting"
+	HookInput       Hook = "input"
+	HookForward     Hook = "forward"
+	HookOutput      Hook = "output"
+	HookPostrouting Hook = "postrouting"
+)
+
+// Base says how a base chain attaches; a regular chain has none.
+type Base struct {
+	Type     ChainType
+	Hook     Hook
+	Priority int32 // numeric: nft 1.0.6 rejects `priority dstnat` in output
+}
+
+// Chain is a chain of the outpost table.
+type Chain struct {
+	Name string
+	Base *Base // nil for a regular chain
+}
+
+// KeyType is the type of a map's key.
+type KeyType string
+
+// Map key types.
+const (
+	// KeyAddr4ProtoPort is `ipv4_addr . inet_proto . inet_service`.
+	KeyAddr4ProtoPort KeyType = "ipv4_addr . inet_proto . inet_service"
+	// KeyAddr6ProtoPort is `ipv6_addr . inet_proto . inet_service`.
+	KeyAddr6ProtoPort KeyType = "ipv6_addr . inet_proto . inet_service"
+	// KeyProtoPort is `inet_proto . inet_service`.
+	KeyProtoPort KeyType = "inet_proto . inet_service"
+)
+
+// Map is a named verdict map.
+type Map struct {
+	Name string
+	Key  KeyType
+}
+
+// MapKey is a key of a verdict map; Addr is unset for KeyProtoPort.
+type MapKey struct {
+	Addr     netip.Addr
+	Protocol string // TCP, UDP or SCTP
+	Port     uint16
+}
+
+// String prints the key as nft does: `10.0.0.1 . tcp . 80`.
+func (k MapKey) String() string {
+	s := strings.ToLower(k.Protocol) + " . " + fmt.Sprint(k.Port)
+	if k.Addr.IsValid() {
+		s = k.Addr.String() + " . " + s
+	}
+	return s
+}
+
+// AddrSet is a named dynamic set of source addresses with a timeout, for
+// session affinity.
+type AddrSet struct {
+	Name    string
+	V6      bool
+	Timeout time.Duration
+}
+
+// VerdictKind is what a verdict does.
+type VerdictKind string
+
+// Verdicts.
+const (
+	VerdictAccept VerdictKind = "accept"
+	VerdictDrop   VerdictKind = "drop"
+	VerdictReturn VerdictKind = "return"
+	VerdictJump   VerdictKind = "jump"
+	VerdictGoto   VerdictKind = "goto"
+)
+
+// Verdict is a verdict; Chain is set for jump and goto.
+type Verdict struct {
+	Kind  VerdictKind
+	Chain string
+}
+
+// String prints `jump chain`, `goto chain` or the bare verdict.
+func (v Verdict) String() string {
+	if v.Chain != "" {
+		return string(v.Kind) + " " + v.Chain
+	}
+	return string(v.Kind)
+}
+
+// Jump returns the verdict `jump chain`.
+func Jump(chain string) Verdict { return Verdict{Kind: VerdictJump, Chain: chain} }
+
+// Goto returns the verdict `goto chain`.
+func Goto(chain string) Verdict { return Verdict{Kind: VerdictGoto, Chain: chain} }
+
+// Statements. Address matches take the family from the address or prefix.
+
+// MatchFamily is `meta nfproto ipv4|ipv6`.
+type MatchFamily struct{ V6 bool }
+
+func (m MatchFamily) String() string { return "meta nfproto " + ipv(m.V6) }
+
+// MatchAddr is `ip saddr|daddr [!=] prefix`.
+type MatchAddr struct {
+	Dst    bool
+	Not    bool
+	Prefix netip.Prefix
+}
+
+func (m MatchAddr) String() string {
+	dir := "saddr"
+	if m.Dst {
+		dir = "daddr"
+	}
+	op := ""
+	if m.Not {
+		op = "!= "
+	}
+	p := m.Prefix.String()
+	if m.Prefix.IsSingleIP() {
+		p = m.Prefix.Addr().String()
+	}
+	return fmt.Sprintf("%s %s %s%s", ipFamily(m.Prefix.Addr().Is6()), dir, op, p)
+}
+
+// MatchProtoPort is `meta l4proto <proto> th dport <port>`; Port 0 matches
+// the protocol only.
+type MatchProtoPort struct {
+	Protocol string // TCP, UDP or SCTP
+	Port     uint16
+}
+
+func (m MatchProtoPort) String() string {
+	s := "meta l4proto " + strings.ToLower(m.Protocol)
+	if m.Port != 0 {
+		s += fmt.Sprintf(" th dport %d", m.Port)
+	}
+	return s
+}
+
+// MatchAddrType is `fib saddr|daddr type local`.
+type MatchAddrType struct {
+	Dst bool
+	Not bool
+}
+
+func (m MatchAddrType) String() string {
+	dir, op := "saddr", ""
+	if m.Dst {
+		dir = "daddr"
+	}
+	if m.Not {
+		op = "!= "
+	}
+	return fmt.Sprintf("fib %s type %slocal", dir, op)
+}
+
+// MatchMark is `meta mark & <bit> != 0` (Set) or `== 0`.
+type MatchMark struct {
+	Bit uint32
+	Set bool
+}
+
+func (m MatchMark) String() string {
+	op := "=="
+	if m.Set {
+		op = "!="
+	}
+	return fmt.Sprintf("meta mark & 0x%08x %s 0x00000000", m.Bit, op)
+}
+
+// SetMark is `meta mark set meta mark | <or>` (Xor false) or
+// `meta mark set meta mark ^ <bit>` (Xor true).
+type SetMark struct {
+	Bit uint32
+	Xor bool
+}
+
+func (s SetMark) String() string {
+	op := "|"
+	if s.Xor {
+		op = "^"
+	}
+	return fmt.Sprintf("meta mark set meta mark %s 0x%08x", op, s.Bit)
+}
+
+// MatchDNATed is `ct status dnat`.
+type MatchDNATed struct{}
+
+func (MatchDNATed) String() string { return "ct status dnat" }
+
+// MapLookup is `ip daddr . meta l4proto . th dport vmap @map` (or without
+// the address for KeyProtoPort maps).
+type MapLookup struct {
+	Map string
+	Key KeyType
+}
+
+func (m MapLookup) String() string {
+	switch m.Key {
+	case KeyAddr4ProtoPort:
+		return "ip daddr . meta l4proto . th dport vmap @" + m.Map
+	case KeyAddr6ProtoPort:
+		return "ip6 daddr . meta l4proto . th dport vmap @" + m.Map
+	}
+	return "meta l4proto . th dport vmap @" + m.Map
+}
+
+// Numgen is `numgen random mod N vmap { 0 : goto c0, 1 : goto c1, … }`,
+// one goto per chain.
+type Numgen struct{ Chains []string }
+
+func (n Numgen) String() string {
+	parts := make([]string, len(n.Chains))
+	for i, c := range n.Chains {
+		parts[i] = fmt.Sprintf("%d : goto %s", i, c)
+	}
+	return fmt.Sprintf("numgen random mod %d vmap { %s }", len(n.Chains), strings.Join(parts, ", "))
+}
+
+// SetLookup is `ip saddr @set` (session affinity: the client was sent to
+// this set's endpoint before and has not timed out).
+type SetLookup struct {
+	Set string
+	V6  bool
+}
+
+func (s SetLookup) String() string { return ipFamily(s.V6) + " saddr @" + s.Set }
+
+// SetUpdate is `update @set { ip saddr }`: adds or refreshes the client in
+// the set with the set's timeout.
+type SetUpdate struct {
+	Set string
+	V6  bool
+}
+
+func (s SetUpdate) String() string { return "update @" + s.Set + " { " + ipFamily(s.V6) + " saddr }" }
+
+// DNAT is `dnat ip to addr:port`.
+type DNAT struct {
+	Addr netip.Addr
+	Port uint16
+}
+
+func (d DNAT) String() string {
+	return fmt.Sprintf("dnat %s to %s", ipFamily(d.Addr.Is6()), netip.AddrPortFrom(d.Addr, d.Port))
+}
+
+// Masquerade is `masquerade [fully-random]`.
+type Masquerade struct{ FullyRandom bool }
+
+func (m Masquerade) String() string {
+	if m.FullyRandom {
+		return "masquerade fully-random"
+	}
+	return "masquerade"
+}
+
+// Reject is `reject` (ICMP port unreachable, which a TCP client sees as
+// connection refused).
+type Reject struct{}
+
+func (Reject) String() string { return "reject" }
+
+// VerdictStmt ends a rule with a verdict.
+type VerdictStmt struct{ Verdict Verdict }
+
+func (v VerdictStmt) String() string { return v.Verdict.String() }
+
+func ipv(v6 bool) string {
+	if v6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+func ipFamily(v6 bool) string {
+	if v6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// Tx is one batch of changes to the outpost table, applied atomically by a
+// Ruleset: either every op takes effect or none does. Ops apply in order;
+// the table itself is created by the first op if it does not exist.
+type Tx struct {
+	Ops []Op
+}
+
+// OpKind is what an Op does.
+type OpKind int
+
+// Op kinds.
+const (
+	OpAddChain   OpKind = iota + 1 // create Chain if missing
+	OpFlushChain                   // remove every rule of Chain
+	OpDelChain                     // delete Chain (it must be empty and unreferenced)
+	OpAddRule                      // append Rule to Chain
+	OpAddMap                       // create Map if missing
+	OpDelMap                       // delete Map
+	OpAddElem                      // add Key: Verdict to Map (replace is delete then add)
+	OpDelElem                      // delete Key from Map
+	OpAddSet                       // create AddrSet if missing
+	OpDelSet                       // delete AddrSet
+	OpDelTable                     // delete the whole table and everything in it
+)
+
+// Op is one change. Which fields matter depends on Kind.
+type Op struct {
+	Kind    OpKind
+	Chain   Chain   // OpAddChain, OpFlushChain, OpDelChain, OpAddRule (Name)
+	Rule    Rule    // OpAddRule
+	Map     Map     // OpAddMap, OpDelMap, OpAddElem, OpDelElem (Name, Key)
+	Key     MapKey  // OpAddElem, OpDelElem
+	Verdict Verdict // OpAddElem
+	Set     AddrSet // OpAddSet, OpDelSet
+}
+
+// AddChain appends OpAddChain.
+func (tx *Tx) AddChain(c Chain) { tx.Ops = append(tx.Ops, Op{Kind: OpAddChain, Chain: c}) }
+
+// FlushChain appends OpFlushChain.
+func (tx *Tx) FlushChain(name string) {
+	tx.Ops = append(tx.Ops, Op{Kind: OpFlushChain, Chain: Chain{Name: name}})
+}
+
+// DelChain appends OpDelChain.
+func (tx *Tx) DelChain(name string) {
+	tx.Ops = append(tx.Ops, Op{Kind: OpDelChain, Chain: Chain{Name: name}})
+}
+
+// AddRule appends OpAddRule.
+func (tx *Tx) AddRule(chain string, stmts ...Stmt) {
+	tx.Ops = append(tx.Ops, Op{Kind: OpAddRule, Chain: Chain{Name: chain}, Rule: Rule{Stmts: stmts}})
+}
+
+// AddMap appends OpAddMap.
+func (tx *Tx) AddMap(m Map) { tx.Ops = append(tx.Ops, Op{Kind: OpAddMap, Map: m}) }
+
+// DelMap appends OpDelMap.
+func (tx *Tx) DelMap(m Map) { tx.Ops = append(tx.Ops, Op{Kind: OpDelMap, Map: m}) }
+
+// AddElem appends OpAddElem.
+func (tx *Tx) AddElem(m Map, k MapKey, v Verdict) {
+	tx.Ops = append(tx.Ops, Op{Kind: OpAddElem, Map: m, Key: k, Verdict: v})
+}
+
+// DelElem appends OpDelElem.
+func (tx *Tx) DelElem(m Map, k MapKey) {
+	tx.Ops = append(tx.Ops, Op{Kind: OpDelElem, Map: m, Key: k})
+}
+
+// AddSet appends OpAddSet.
+func (tx *Tx) AddSet(s AddrSet) { tx.Ops = append(tx.Ops, Op{Kind: OpAddSet, Set: s}) }
+
+// DelSet appends OpDelSet.
+func (tx *Tx) DelSet(s AddrSet) { tx.Ops = append(tx.Ops, Op{Kind: OpDelSet, Set: s}) }
+
+// DelTable appends OpDelTable.
+func (tx *Tx) DelTable() { tx.Ops = append(tx.Ops, Op{Kind: OpDelTable}) }
+
+// Contents lists what the table holds now, by name; a full resync uses it
+// to delete chains, maps and sets it no longer wants.
+type Contents struct {
+	Chains []string
+	Maps   []string
+	Sets   []string
+}
+
+// Ruleset applies batches to one outpost table.
+type Ruleset interface {
+	// Apply applies tx atomically.
+	Apply(tx *Tx) error
+	// List returns what the table holds; an absent table holds nothing.
+	List() (Contents, error)
+}
