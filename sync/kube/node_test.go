@@ -639,12 +639,13 @@ func ndRun(t *testing.T, loop func(context.Context)) (stop func()) {
 // and a loopback server, so it gets there without time passing.
 func ndWait(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// Generous: under qemu-user on a loaded machine a step takes seconds.
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		runtime.Gosched()
+		time.Sleep(time.Millisecond)
 	}
 }
 
