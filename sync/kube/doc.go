@@ -1,7 +1,8 @@
 // Package kube syncs the node with a Kubernetes API server: it registers the
 // Node and renews its Lease, watches the pods bound to the node (and the
-// config maps and secrets they use) into the store, and drains the store's
-// status journal into pod status patches and mirror pods.
+// config maps and secrets they use), and the Services and EndpointSlices
+// of all namespaces for the service proxy, into the store, and drains the
+// store's status journal into pod status patches and mirror pods.
 //
 // # Basics
 //
@@ -16,8 +17,9 @@
 //
 // # Caveats
 //
-// Objects are stored without status, resourceVersion and managedFields, so
-// a status patch of ours that the watch echoes back writes nothing to disk.
+// Objects are stored without resourceVersion and managedFields, and pods
+// without status, so a status patch of ours that the watch echoes back
+// writes nothing to disk.
 // The resourceVersion a watch reached is persisted when a stored object
 // changes, not for every event; a stale one costs a relist at most.
 package kube

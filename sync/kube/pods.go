@@ -274,7 +274,9 @@ type listWatch struct {
 	client    rest.Interface
 	resource  string
 	namespace string
-	selector  string
+	// selector is the field selector, labels the label selector.
+	selector string
+	labels   string
 	// list lists the resource, reconciles the store with the result and
 	// returns the list's resourceVersion.
 	list func(ctx context.Context) (string, error)
@@ -347,6 +349,7 @@ func (s *Syncer) watchOnce(ctx context.Context, lw *listWatch, rv *string) error
 	timeout := int64((watchTimeout + rand.N(watchTimeoutJitter)) / time.Second)
 	opts := &metav1.ListOptions{
 		FieldSelector:       lw.selector,
+		LabelSelector:       lw.labels,
 		ResourceVersion:     *rv,
 		AllowWatchBookmarks: true,
 		TimeoutSeconds:      &timeout,

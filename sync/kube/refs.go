@@ -336,10 +336,15 @@ func refListWatch[T any, P refObject[T]](s *Syncer, r podRef, c store.Collection
 // resourceVersion and managedFields.
 func stripMeta(obj runtime.Object) runtime.Object {
 	out := obj.DeepCopyObject()
-	out.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{})
-	if m, err := meta.Accessor(out); err == nil {
+	clearMeta(out)
+	return out
+}
+
+// clearMeta removes in place what stripMeta leaves out of its copy.
+func clearMeta(obj runtime.Object) {
+	obj.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{})
+	if m, err := meta.Accessor(obj); err == nil {
 		m.SetResourceVersion("")
 		m.SetManagedFields(nil)
 	}
-	return out
 }

@@ -140,7 +140,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 // retrying, and the pods keep running from the store.
 func (s *Syncer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){s.runNode, s.runPods, s.runStatus} {
+	for _, loop := range []func(context.Context){s.runNode, s.runPods, s.runServices, s.runEndpointSlices, s.runStatus} {
 		wg.Go(func() { loop(ctx) })
 	}
 	wg.Wait()
