@@ -95,13 +95,86 @@ spec:
 }
 
 func TestParseService(t *testing.T) {
-	m := Parse("svc.yml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  ports: [{port: 80, targetPort: 8080}]\n"), "n")
+	m := Parse("svc.yml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports: [{port: 80, targetPort: 8080}]\n"), "n")
 	if len(m.Errors) > 0 || len(m.Services) != 1 {
 		t.Fatalf("svcs=%d errs=%v", len(m.Services), m.Errors)
 	}
 	s := m.Services[0]
 	if s.Namespace != "default" || s.Spec.Ports[0].Protocol != corev1.ProtocolTCP || s.Spec.Ports[0].TargetPort.IntValue() != 8080 || s.Spec.Type != corev1.ServiceTypeClusterIP {
 		t.Fatalf("service = %+v", s.Spec)
+	}
+}
+
+// In standalone mode no API server allocates cluster IPs or node ports,
+// so a Service manifest states them.
+func TestParseServiceStatesWhatTheAPIServerWouldAllocate(t *testing.T) {
+	for _, tt := range []struct{ name, spec string }{
+		{"cluster IP", "clusterIP: 10.96.0.10\n  ports: [{port: 80}]"},
+		{"cluster IPs, both families", "clusterIPs: [\"fd00::10\", 10.96.0.10]\n  ports: [{port: 80}]"},
+		{"both fields, agreeing", "clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10]\n  ports: [{port: 80}]"},
+		{"headless, no ports", "clusterIP: None"},
+		{"headless in clusterIPs", "clusterIPs: [None]\n  ports: [{port: 80}]"},
+		{"node port", "type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{port: 80, nodePort: 30080}]"},
+		{"load balancer, any node port", "type: LoadBalancer\n  clusterIP: 10.96.0.10\n  externalIPs: [192.0.2.1]\n  ports: [{name: a, port: 80, nodePort: 8080}, {name: b, port: 81, nodePort: 65535}]"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Parse("svc.yaml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  "+tt.spec+"\n"), "n")
+			if len(m.Errors) > 0 || len(m.Services) != 1 {
+				t.Fatalf("svcs=%d errs=%v", len(m.Services), m.Errors)
+			}
+		})
+	}
+}
+
+func TestParseServiceErrors(t *testing.T) {
+	tests := []struct {
+		name, spec string
+		want       []string // each error, in order
+	}{
+		{"no cluster IP", "selector: {app: web}\n  ports: [{port: 80}]",
+			[]string{`svc.yaml: document 1 (Service web): spec.clusterIP: is required (or "None" for a headless service): no API server allocates one (line 4)`}},
+		{"bad cluster IP", "clusterIP: 10.96.0.300\n  ports: [{port: 80}]",
+			[]string{`spec.clusterIP: "10.96.0.300" is not an IP address (line 5)`}},
+		{"bad cluster IPs", "clusterIPs: [10.96.0.10, 10.96.0.11, \"fe80::1%eth0\"]\n  ports: [{port: 80}]", []string{
+			`spec.clusterIPs: has 3 addresses; at most 2, one of each family (line 5)`,
+			`spec.clusterIPs[1]: "10.96.0.11" is of the same family as spec.clusterIPs[0] (line 5)`,
+			`spec.clusterIPs[2]: "fe80::1%eth0" is not an IP address (line 5)`,
+		}},
+		{"fields disagree", "clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.11]\n  ports: [{port: 80}]",
+			[]string{`spec.clusterIPs[0]: "10.96.0.11" is not spec.clusterIP "10.96.0.10" (line 6)`}},
+		{"None not first", "clusterIPs: [10.96.0.10, None]\n  ports: [{port: 80}]",
+			[]string{`spec.clusterIPs[1]: "None" may only be the first and only address (line 5)`}},
+		{"headless node port", "type: NodePort\n  clusterIP: None\n  ports: [{port: 80, nodePort: 30080}]",
+			[]string{`spec.clusterIP: "None" may not be used when spec.type is NodePort (line 6)`}},
+		{"bad external IP", "clusterIP: 10.96.0.10\n  externalIPs: [192.0.2.1, example.com]\n  ports: [{port: 80}]",
+			[]string{`spec.externalIPs[1]: "example.com" is not an IP address (line 6)`}},
+		{"node port missing", "type: NodePort\n  clusterIP: 10.96.0.10\n  ports:\n  - {name: a, port: 80, nodePort: 30080}\n  - {name: b, port: 81}",
+			[]string{`spec.ports[1].nodePort: is required when spec.type is NodePort (no API server allocates one; 30000-32767 is the usual range) (line 9)`}},
+		{"load balancer node port missing", "type: LoadBalancer\n  clusterIP: 10.96.0.10\n  ports: [{port: 80}]",
+			[]string{`spec.ports[0].nodePort: is required when spec.type is LoadBalancer`}},
+		{"node port on a ClusterIP service", "clusterIP: 10.96.0.10\n  ports: [{port: 80, nodePort: 30080}]",
+			[]string{`spec.ports[0].nodePort: may not be set when spec.type is ClusterIP (line 6)`}},
+		{"node port out of range", "type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{port: 80, nodePort: 65536}]",
+			[]string{`spec.ports[0].nodePort: 65536 is not from 0 to 65535 (line 7)`}},
+		{"port name twice", "clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80}, {name: http, port: 81}]",
+			[]string{`spec.ports[1].name: "http" is used by another port (line 6)`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := Parse("svc.yaml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  "+tt.spec+"\n"), "n")
+			if len(m.Errors) != 1 || len(m.Services) != 0 {
+				t.Fatalf("services=%d errors=%v", len(m.Services), m.Errors)
+			}
+			got := m.Errors[0].Error()
+			rest := got
+			for _, w := range tt.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("error\n%s\nlacks, in order, %q", got, w)
+				}
+				rest = rest[i+len(w):]
+			}
+		})
 	}
 }
 
@@ -149,6 +222,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata: {name: q, annotations: {outpost-edge.io/invalid: x}}\nspec: {containers: [{name: c, image: i, resources: {limits: {memory: 12Q}}}]}\n"))
 	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata: {name: Q_Q}\nspec: {containers: [{name: c, ports: [{name: http, containerPort: 80}], readinessProbe: {tcpSocket: {port: htp}}}]}\n"))
 	f.Add([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 1}]}\n---\nkind: Pod\n"))
+	f.Add([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {type: NodePort, clusterIPs: [10.96.0.1, \"fd00::1\"], ports: [{port: 1, nodePort: 30001}]}\n"))
 	f.Add([]byte(goodConfigMap))
 	f.Add([]byte(goodSecret))
 	f.Add([]byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {k: v, \"b/c\": x}\nbinaryData: {k: eA==}\n"))
@@ -180,6 +254,12 @@ func FuzzParse(f *testing.F) {
 		for _, s := range m.Services {
 			if s.Name == "" || s.Namespace == "" {
 				t.Fatalf("accepted an unnamed service: %+v", s)
+			}
+			if s.Spec.ClusterIP == "" && len(s.Spec.ClusterIPs) == 0 {
+				t.Fatalf("accepted a service without a cluster IP: %+v", s.Spec)
+			}
+			if err := validateService(s); err != nil {
+				t.Fatalf("accepted service is not valid once defaulted: %v: %+v", err, s.Spec)
 			}
 		}
 		for _, c := range m.ConfigMaps {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strconv"
@@ -359,6 +360,9 @@ func checkProtocol(path string, p corev1.Protocol) error {
 	return bad(path, "%q is not TCP, UDP or SCTP", p)
 }
 
+// validateService checks a Service manifest. With no API server to
+// allocate them, its cluster IP (unless headless) and, for type NodePort
+// or LoadBalancer, each port's node port must be written in it.
 func validateService(s *corev1.Service) error {
 	var errs []error
 	add := func(err error) {
@@ -370,28 +374,112 @@ func validateService(s *corev1.Service) error {
 	if s.Namespace != "" {
 		add(checkName("metadata.namespace", s.Namespace, true))
 	}
+	external := false
 	switch s.Spec.Type {
-	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+	case "", corev1.ServiceTypeClusterIP:
+	case corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+		external = true
 	default:
 		add(bad("spec.type", "%q is not ClusterIP, NodePort or LoadBalancer", s.Spec.Type))
 	}
-	if len(s.Spec.Ports) == 0 && s.Spec.ClusterIP != corev1.ClusterIPNone {
+	headless := s.Spec.ClusterIP == corev1.ClusterIPNone || (len(s.Spec.ClusterIPs) > 0 && s.Spec.ClusterIPs[0] == corev1.ClusterIPNone)
+	errs = append(errs, checkClusterIPs(&s.Spec, headless, external)...)
+	for i, ip := range s.Spec.ExternalIPs {
+		add(checkIP(fmt.Sprintf("spec.externalIPs[%d]", i), ip))
+	}
+	if len(s.Spec.Ports) == 0 && !headless {
 		add(bad("spec.ports", "at least one port is required"))
 	}
+	names := map[string]bool{}
 	for i, p := range s.Spec.Ports {
 		pp := fmt.Sprintf("spec.ports[%d]", i)
 		if p.Port < 1 || p.Port > 65535 {
 			add(bad(pp+".port", "%d is not from 1 to 65535", p.Port))
 		}
-		if p.NodePort < 0 || p.NodePort > 65535 {
+		switch {
+		case p.NodePort < 0 || p.NodePort > 65535:
 			add(bad(pp+".nodePort", "%d is not from 0 to 65535", p.NodePort))
+		case p.NodePort == 0 && external:
+			add(bad(pp+".nodePort", "is required when spec.type is %s (no API server allocates one; 30000-32767 is the usual range)", s.Spec.Type))
+		case p.NodePort != 0 && !external:
+			add(bad(pp+".nodePort", "may not be set when spec.type is ClusterIP"))
 		}
 		add(checkProtocol(pp+".protocol", p.Protocol))
-		if len(s.Spec.Ports) > 1 && p.Name == "" {
+		switch {
+		case len(s.Spec.Ports) > 1 && p.Name == "":
 			add(bad(pp+".name", "is required when a Service has more than one port"))
+		case p.Name != "" && names[p.Name]:
+			add(bad(pp+".name", "%q is used by another port", p.Name))
 		}
+		names[p.Name] = true
 	}
 	return errors.Join(errs...)
+}
+
+// checkClusterIPs checks that a Service that is not headless states its
+// cluster IP (in clusterIP, clusterIPs or both, agreeing), at most one
+// address of each family, and that a headless one is of type ClusterIP.
+func checkClusterIPs(spec *corev1.ServiceSpec, headless, external bool) []error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if headless {
+		if external {
+			add(bad("spec.clusterIP", "%q may not be used when spec.type is %s", corev1.ClusterIPNone, spec.Type))
+		}
+		if len(spec.ClusterIPs) > 1 {
+			add(bad("spec.clusterIPs", "must hold only %q for a headless service", corev1.ClusterIPNone))
+		}
+	} else if spec.ClusterIP == "" && len(spec.ClusterIPs) == 0 {
+		add(bad("spec.clusterIP", "is required (or %q for a headless service): no API server allocates one", corev1.ClusterIPNone))
+	}
+	if spec.ClusterIP != "" && spec.ClusterIP != corev1.ClusterIPNone {
+		add(checkIP("spec.clusterIP", spec.ClusterIP))
+	}
+	if len(spec.ClusterIPs) > 2 {
+		add(bad("spec.clusterIPs", "has %d addresses; at most 2, one of each family", len(spec.ClusterIPs)))
+	}
+	var first netip.Addr
+	for i, ip := range spec.ClusterIPs {
+		path := fmt.Sprintf("spec.clusterIPs[%d]", i)
+		switch {
+		case i == 0 && spec.ClusterIP != "" && ip != spec.ClusterIP:
+			add(bad(path, "%q is not spec.clusterIP %q", ip, spec.ClusterIP))
+		case headless:
+		case ip == corev1.ClusterIPNone:
+			add(bad(path, "%q may only be the first and only address", ip))
+		default:
+			a, err := parseIP(path, ip)
+			if err != nil {
+				add(err)
+				continue
+			}
+			if i == 0 {
+				first = a
+			} else if i == 1 && first.IsValid() && first.Is4() == a.Is4() {
+				add(bad(path, "%q is of the same family as spec.clusterIPs[0]", ip))
+			}
+		}
+	}
+	return errs
+}
+
+// checkIP checks that s is an IP address, without a zone.
+func checkIP(path, s string) error {
+	_, err := parseIP(path, s)
+	return err
+}
+
+// parseIP parses the IP address s at path; one with a zone is refused.
+func parseIP(path, s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Addr{}, bad(path, "%q is not an IP address", s)
+	}
+	return a, nil
 }
 
 // validateConfigMap checks the name and the keys: each a valid file name
