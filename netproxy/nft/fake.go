@@ -1,0 +1,1093 @@
+package nft
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/outpost-edge/outpost/netproxy"
+)
+
+// Fake is an in-memory Ruleset for tests. Apply is transactional like the
+// kernel: every op of a Tx is validated and applied to a copy, and on the
+// first error nothing changes; the error names the op (index, kind,
+// object). It refuses what the kernel refuses, with the kernel's errno
+// (errors.Is(err, unix.ENOENT) holds for both; TestE2ENetlinkMatchesFake
+// checks each case against the kernel), including what the kernel checks
+// at commit: loops and jump depth, and dnat, masquerade and reject
+// reachable from a base chain whose hook or type does not allow them. It
+// is stricter than the kernel where the Tx contract is:
+//
+//   - OpDelChain of a chain that still has rules fails (EBUSY; the kernel
+//     would delete the rules with it);
+//   - OpAddSet of an existing set with another timeout fails (EEXIST;
+//     recent kernels update the timeout, older ones keep the old one and
+//     say nothing, so delete and re-create the set instead);
+//   - a statement after a terminal one (verdict, vmap, numgen, dnat,
+//     masquerade, reject), which would never run, fails (EINVAL);
+//   - reject is allowed only where kube-proxy uses it, in chains reached
+//     from input, forward and output hooks (EOPNOTSUPP; recent kernels
+//     also take prerouting).
+//
+// Dump prints the table as `nft list table inet outpost` does, with sets,
+// maps, chains and map elements sorted; Trace (trace.go) pushes a packet
+// through it.
+type Fake struct {
+	mu    sync.Mutex
+	table *fakeTable // nil: no table
+	txs   int
+	ops   int
+	last  []Op
+	// affinity holds the addresses tests put in sets, by set name.
+	affinity map[string]map[netip.Addr]bool
+}
+
+// NewFake returns a Fake without a table.
+func NewFake() *Fake {
+	return &Fake{affinity: map[string]map[netip.Addr]bool{}}
+}
+
+type fakeTable struct {
+	chains map[string]*fakeChain
+	maps   map[string]*fakeMap
+	sets   map[string]*AddrSet
+	// Who refers to what, with counts: ruleRefs[c][p] counts the rules of
+	// chain p that jump or go to chain c (verdicts and numgen);
+	// elemRefs[c][m] the elements of map m that do; mapUsers[m][p] the
+	// rules of chain p that look up map m; setRefs[s] the rules that use
+	// set s.
+	ruleRefs map[string]map[string]int
+	elemRefs map[string]map[string]int
+	mapUsers map[string]map[string]int
+	setRefs  map[string]int
+}
+
+type fakeChain struct {
+	base  *Base
+	rules []Rule
+}
+
+type fakeMap struct {
+	key   KeyType
+	elems map[MapKey]Verdict
+}
+
+func newFakeTable() *fakeTable {
+	return &fakeTable{
+		chains:   map[string]*fakeChain{},
+		maps:     map[string]*fakeMap{},
+		sets:     map[string]*AddrSet{},
+		ruleRefs: map[string]map[string]int{},
+		elemRefs: map[string]map[string]int{},
+		mapUsers: map[string]map[string]int{},
+		setRefs:  map[string]int{},
+	}
+}
+
+// refs returns how many rules and map elements jump or go to chain.
+func (t *fakeTable) refs(chain string) int {
+	n := 0
+	for _, c := range t.ruleRefs[chain] {
+		n += c
+	}
+	for _, c := range t.elemRefs[chain] {
+		n += c
+	}
+	return n
+}
+
+// fakeTx applies ops to the table in place, logging how to undo each
+// change, so a failed Tx costs what it changed, not the table's size.
+type fakeTx struct {
+	t    *fakeTable
+	undo []func()
+	// dirty are the chains that got rules, or became a map element's
+	// target: what the commit check walks from.
+	dirty map[string]bool
+	// delSets are the sets deleted (perhaps re-created) by this tx,
+	// whose elements are gone.
+	delSets map[string]bool
+}
+
+func (x *fakeTx) rollback() {
+	for i := len(x.undo) - 1; i >= 0; i-- {
+		x.undo[i]()
+	}
+}
+
+func (x *fakeTx) setChain(name string, c *fakeChain) {
+	t := x.t
+	old, ok := t.chains[name]
+	x.undo = append(x.undo, func() {
+		if ok {
+			t.chains[name] = old
+		} else {
+			delete(t.chains, name)
+		}
+	})
+	if c == nil {
+		delete(t.chains, name)
+	} else {
+		t.chains[name] = c
+	}
+}
+
+func (x *fakeTx) setRules(c *fakeChain, rules []Rule) {
+	old := c.rules
+	x.undo = append(x.undo, func() { c.rules = old })
+	c.rules = rules
+}
+
+func (x *fakeTx) setMap(name string, m *fakeMap) {
+	t := x.t
+	old, ok := t.maps[name]
+	x.undo = append(x.undo, func() {
+		if ok {
+			t.maps[name] = old
+		} else {
+			delete(t.maps, name)
+		}
+	})
+	if m == nil {
+		delete(t.maps, name)
+	} else {
+		t.maps[name] = m
+	}
+}
+
+func (x *fakeTx) setElem(m *fakeMap, k MapKey, v Verdict, add bool) {
+	old, ok := m.elems[k]
+	x.undo = append(x.undo, func() {
+		if ok {
+			m.elems[k] = old
+		} else {
+			delete(m.elems, k)
+		}
+	})
+	if add {
+		m.elems[k] = v
+	} else {
+		delete(m.elems, k)
+	}
+}
+
+func (x *fakeTx) setSet(name string, s *AddrSet) {
+	t := x.t
+	old, ok := t.sets[name]
+	x.undo = append(x.undo, func() {
+		if ok {
+			t.sets[name] = old
+		} else {
+			delete(t.sets, name)
+		}
+	})
+	if s == nil {
+		delete(t.sets, name)
+	} else {
+		t.sets[name] = s
+	}
+}
+
+func (x *fakeTx) bump(m map[string]int, k string, d int) {
+	old := m[k]
+	x.undo = append(x.undo, func() {
+		if old == 0 {
+			delete(m, k)
+		} else {
+			m[k] = old
+		}
+	})
+	if old+d == 0 {
+		delete(m, k)
+	} else {
+		m[k] = old + d
+	}
+}
+
+func (x *fakeTx) bump2(m map[string]map[string]int, k1, k2 string, d int) {
+	inner := m[k1]
+	if inner == nil {
+		inner = map[string]int{}
+		m[k1] = inner
+		x.undo = append(x.undo, func() { delete(m, k1) })
+	}
+	x.bump(inner, k2, d)
+	if len(inner) == 0 {
+		delete(m, k1)
+		x.undo = append(x.undo, func() { m[k1] = inner })
+	}
+}
+
+// Apply applies tx atomically. An empty Tx changes nothing (and, like
+// Netlink's, does not create the table).
+func (f *Fake) Apply(tx *Tx) error {
+	if tx == nil || len(tx.Ops) == 0 {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	x := &fakeTx{t: f.table, dirty: map[string]bool{}, delSets: map[string]bool{}}
+	for i, op := range tx.Ops {
+		if err := x.apply(op); err != nil {
+			x.rollback()
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+		}
+	}
+	if x.t != nil {
+		if err := x.t.validate(x.dirty); err != nil {
+			x.rollback()
+			return fmt.Errorf("apply tx: %w", err)
+		}
+	}
+	f.table = x.t
+	f.txs++
+	f.ops += len(tx.Ops)
+	f.last = slices.Clone(tx.Ops)
+	for name := range f.affinity {
+		if f.table == nil || f.table.sets[name] == nil || x.delSets[name] {
+			delete(f.affinity, name)
+		}
+	}
+	return nil
+}
+
+// Ops returns how many ops the successful Applies held in all.
+func (f *Fake) Ops() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ops
+}
+
+// Txs returns how many non-empty Txs were applied successfully.
+func (f *Fake) Txs() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.txs
+}
+
+// Last returns the ops of the last successful non-empty Apply.
+func (f *Fake) Last() []Op {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.last)
+}
+
+// List returns the names of the table's chains, maps and sets, sorted.
+func (f *Fake) List() (Contents, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var c Contents
+	if f.table == nil {
+		return c, nil
+	}
+	c.Chains = slices.Sorted(maps.Keys(f.table.chains))
+	c.Maps = slices.Sorted(maps.Keys(f.table.maps))
+	c.Sets = slices.Sorted(maps.Keys(f.table.sets))
+	return c, nil
+}
+
+// describeOp names an op for an error: `add rule to chain svc-x`.
+func describeOp(op Op) string {
+	switch op.Kind {
+	case OpAddChain:
+		return "add chain " + op.Chain.Name
+	case OpFlushChain:
+		return "flush chain " + op.Chain.Name
+	case OpDelChain:
+		return "delete chain " + op.Chain.Name
+	case OpAddRule:
+		return "add rule to chain " + op.Chain.Name
+	case OpAddMap:
+		return "add map " + op.Map.Name
+	case OpDelMap:
+		return "delete map " + op.Map.Name
+	case OpAddElem:
+		return fmt.Sprintf("add element %s to map %s", op.Key, op.Map.Name)
+	case OpDelElem:
+		return fmt.Sprintf("delete element %s from map %s", op.Key, op.Map.Name)
+	case OpAddSet:
+		return "add set " + op.Set.Name
+	case OpDelSet:
+		return "delete set " + op.Set.Name
+	case OpDelTable:
+		return "delete table " + netproxy.TableName
+	}
+	return fmt.Sprintf("op kind %d", int(op.Kind))
+}
+
+// maxNameLen is the longest chain, set or map name the kernel takes
+// (NFT_NAME_MAXLEN, 256 with the NUL).
+const maxNameLen = 255
+
+func checkName(what, name string) error {
+	if name == "" {
+		return fmt.Errorf("%s name is empty: %w", what, unix.EINVAL)
+	}
+	if len(name) > maxNameLen {
+		return fmt.Errorf("%s name is %d bytes, the kernel takes at most %d: %w", what, len(name), maxNameLen, unix.ENAMETOOLONG)
+	}
+	return nil
+}
+
+func (x *fakeTx) apply(op Op) error {
+	if op.Kind == OpDelTable {
+		if x.t != nil {
+			for name := range x.t.sets {
+				x.delSets[name] = true
+			}
+		}
+		// The old table is left as it was (but for earlier ops, which
+		// the undo log covers); a later op starts a new one.
+		x.t = nil
+		x.dirty = map[string]bool{}
+		return nil
+	}
+	if x.t == nil {
+		x.t = newFakeTable()
+	}
+	t := x.t
+	switch op.Kind {
+	case OpAddChain:
+		return x.addChain(op.Chain)
+	case OpFlushChain:
+		c := t.chains[op.Chain.Name]
+		if c == nil {
+			return fmt.Errorf("no such chain: %w", unix.ENOENT)
+		}
+		for _, r := range c.rules {
+			x.refRule(op.Chain.Name, r, -1)
+		}
+		x.setRules(c, nil)
+	case OpDelChain:
+		c := t.chains[op.Chain.Name]
+		if c == nil {
+			return fmt.Errorf("no such chain: %w", unix.ENOENT)
+		}
+		if len(c.rules) > 0 {
+			return fmt.Errorf("chain has %d rules, flush it first: %w", len(c.rules), unix.EBUSY)
+		}
+		if n := t.refs(op.Chain.Name); n > 0 {
+			return fmt.Errorf("chain is the target of %d rules or map elements: %w", n, unix.EBUSY)
+		}
+		x.setChain(op.Chain.Name, nil)
+	case OpAddRule:
+		c := t.chains[op.Chain.Name]
+		if c == nil {
+			return fmt.Errorf("no such chain: %w", unix.ENOENT)
+		}
+		r, err := t.checkRule(op.Rule)
+		if err != nil {
+			return err
+		}
+		// Appending in place is safe: no other slice shares the array,
+		// and undoing restores the shorter header.
+		x.setRules(c, append(c.rules, r))
+		x.refRule(op.Chain.Name, r, 1)
+		x.dirty[op.Chain.Name] = true
+	case OpAddMap:
+		if err := checkName("map", op.Map.Name); err != nil {
+			return err
+		}
+		if err := checkKeyType(op.Map.Key); err != nil {
+			return err
+		}
+		if t.sets[op.Map.Name] != nil {
+			return fmt.Errorf("a set has that name: %w", unix.EEXIST)
+		}
+		if m := t.maps[op.Map.Name]; m != nil {
+			if m.key != op.Map.Key {
+				return fmt.Errorf("map exists with key %s: %w", m.key, unix.EEXIST)
+			}
+			return nil
+		}
+		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, elems: map[MapKey]Verdict{}})
+	case OpDelMap:
+		m := t.maps[op.Map.Name]
+		if m == nil {
+			return fmt.Errorf("no such map: %w", unix.ENOENT)
+		}
+		n := 0
+		for _, c := range t.mapUsers[op.Map.Name] {
+			n += c
+		}
+		if n > 0 {
+			return fmt.Errorf("map is used by %d rules: %w", n, unix.EBUSY)
+		}
+		for _, v := range m.elems {
+			if v.Chain != "" {
+				x.bump2(t.elemRefs, v.Chain, op.Map.Name, -1)
+			}
+		}
+		x.setMap(op.Map.Name, nil)
+	case OpAddElem:
+		m := t.maps[op.Map.Name]
+		if m == nil {
+			return fmt.Errorf("no such map: %w", unix.ENOENT)
+		}
+		k, err := checkElemKey(m.key, op.Map.Key, op.Key)
+		if err != nil {
+			return err
+		}
+		if err := t.checkVerdict(op.Verdict); err != nil {
+			return err
+		}
+		if old, ok := m.elems[k]; ok {
+			if old != op.Verdict {
+				return fmt.Errorf("element exists with verdict %q: %w", old, unix.EEXIST)
+			}
+			return nil
+		}
+		x.setElem(m, k, op.Verdict, true)
+		if c := op.Verdict.Chain; c != "" {
+			x.bump2(t.elemRefs, c, op.Map.Name, 1)
+			x.dirty[c] = true
+		}
+	case OpDelElem:
+		m := t.maps[op.Map.Name]
+		if m == nil {
+			return fmt.Errorf("no such map: %w", unix.ENOENT)
+		}
+		k, err := checkElemKey(m.key, op.Map.Key, op.Key)
+		if err != nil {
+			return err
+		}
+		v, ok := m.elems[k]
+		if !ok {
+			return fmt.Errorf("no such element: %w", unix.ENOENT)
+		}
+		x.setElem(m, k, Verdict{}, false)
+		if v.Chain != "" {
+			x.bump2(t.elemRefs, v.Chain, op.Map.Name, -1)
+		}
+	case OpAddSet:
+		if err := checkName("set", op.Set.Name); err != nil {
+			return err
+		}
+		if op.Set.Timeout < 0 {
+			return fmt.Errorf("timeout %s is negative: %w", op.Set.Timeout, unix.EINVAL)
+		}
+		if t.maps[op.Set.Name] != nil {
+			return fmt.Errorf("a map has that name: %w", unix.EEXIST)
+		}
+		if s := t.sets[op.Set.Name]; s != nil {
+			if s.V6 != op.Set.V6 {
+				return fmt.Errorf("set exists with type %s: %w", addrType(s.V6), unix.EEXIST)
+			}
+			if s.Timeout.Truncate(time.Millisecond) != op.Set.Timeout.Truncate(time.Millisecond) {
+				return fmt.Errorf("set exists with timeout %s (older kernels would keep it): delete and re-create it: %w", s.Timeout, unix.EEXIST)
+			}
+			return nil
+		}
+		s := op.Set
+		x.setSet(s.Name, &s)
+	case OpDelSet:
+		if t.sets[op.Set.Name] == nil {
+			return fmt.Errorf("no such set: %w", unix.ENOENT)
+		}
+		if n := t.setRefs[op.Set.Name]; n > 0 {
+			return fmt.Errorf("set is used by %d rules: %w", n, unix.EBUSY)
+		}
+		x.setSet(op.Set.Name, nil)
+		x.delSets[op.Set.Name] = true
+	default:
+		return fmt.Errorf("unknown op kind %d: %w", int(op.Kind), unix.EINVAL)
+	}
+	return nil
+}
+
+func (x *fakeTx) addChain(c Chain) error {
+	if err := checkName("chain", c.Name); err != nil {
+		return err
+	}
+	if c.Base != nil {
+		if err := checkBase(*c.Base); err != nil {
+			return err
+		}
+	}
+	old := x.t.chains[c.Name]
+	if old == nil {
+		var base *Base
+		if c.Base != nil {
+			b := *c.Base
+			base = &b
+		}
+		x.setChain(c.Name, &fakeChain{base: base})
+		return nil
+	}
+	switch {
+	case c.Base == nil:
+		return nil // the kernel leaves an existing chain alone
+	case old.base == nil:
+		return fmt.Errorf("chain exists as a regular chain: %w", unix.EEXIST)
+	case *old.base != *c.Base:
+		return fmt.Errorf("chain exists as %s: %w", baseLine(*old.base), unix.EOPNOTSUPP)
+	}
+	return nil
+}
+
+func checkBase(b Base) error {
+	switch b.Hook {
+	case HookPrerouting, HookInput, HookOutput, HookPostrouting:
+	case HookForward:
+		if b.Type == ChainTypeNAT {
+			return fmt.Errorf("nat chains cannot hook forward: %w", unix.EOPNOTSUPP)
+		}
+	default:
+		return fmt.Errorf("unknown hook %q: %w", b.Hook, unix.EOPNOTSUPP)
+	}
+	if b.Type != ChainTypeNAT && b.Type != ChainTypeFilter {
+		return fmt.Errorf("unknown chain type %q: %w", b.Type, unix.ENOENT)
+	}
+	return nil
+}
+
+func checkKeyType(k KeyType) error {
+	switch k {
+	case KeyAddr4ProtoPort, KeyAddr6ProtoPort, KeyProtoPort:
+		return nil
+	}
+	return fmt.Errorf("unknown key type %q: %w", k, unix.EINVAL)
+}
+
+// checkElemKey checks an element's key against the map's key type and returns
+// it with the protocol in upper case.
+func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
+	if opKey != mapKey {
+		return k, fmt.Errorf("op says key type %q, map has %q: %w", opKey, mapKey, unix.EINVAL)
+	}
+	k.Protocol = strings.ToUpper(k.Protocol)
+	if _, ok := l4proto[k.Protocol]; !ok {
+		return k, fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", k.Protocol, unix.EINVAL)
+	}
+	switch mapKey {
+	case KeyAddr4ProtoPort:
+		if !k.Addr.Is4() {
+			return k, fmt.Errorf("key %s: map %s needs an IPv4 address: %w", k, mapKey, unix.EINVAL)
+		}
+	case KeyAddr6ProtoPort:
+		if !k.Addr.Is6() {
+			return k, fmt.Errorf("key %s: map %s needs an IPv6 address: %w", k, mapKey, unix.EINVAL)
+		}
+	case KeyProtoPort:
+		if k.Addr.IsValid() {
+			return k, fmt.Errorf("key %s: map %s takes no address: %w", k, mapKey, unix.EINVAL)
+		}
+	}
+	return k, nil
+}
+
+func (t *fakeTable) checkVerdict(v Verdict) error {
+	switch v.Kind {
+	case VerdictAccept, VerdictDrop, VerdictReturn:
+		if v.Chain != "" {
+			return fmt.Errorf("verdict %s takes no chain: %w", v.Kind, unix.EINVAL)
+		}
+		return nil
+	case VerdictJump, VerdictGoto:
+		return t.checkTarget(v.Chain)
+	}
+	return fmt.Errorf("unknown verdict %q: %w", v.Kind, unix.EINVAL)
+}
+
+// checkTarget checks a jump or goto target.
+func (t *fakeTable) checkTarget(name string) error {
+	c := t.chains[name]
+	if c == nil {
+		return fmt.Errorf("target chain %q: no such chain: %w", name, unix.ENOENT)
+	}
+	if c.base != nil {
+		return fmt.Errorf("target chain %q is a base chain: %w", name, unix.EOPNOTSUPP)
+	}
+	return nil
+}
+
+// isTerminalStmt reports whether s ends a rule's evaluation when it is reached
+// (or, for a vmap, when its lookup hits).
+func isTerminalStmt(s Stmt) bool {
+	switch s.(type) {
+	case VerdictStmt, MapLookup, Numgen, DNAT, Masquerade, Reject:
+		return true
+	}
+	return false
+}
+
+// checkRule checks a rule's statements against the table and returns a
+// copy the caller cannot change under us.
+func (t *fakeTable) checkRule(r Rule) (Rule, error) {
+	out := Rule{Comment: r.Comment, Stmts: make([]Stmt, 0, len(r.Stmts))}
+	for i, s := range r.Stmts {
+		if i > 0 && isTerminalStmt(r.Stmts[i-1]) {
+			return r, fmt.Errorf("statement %d (%s) follows a terminal statement and would never run: %w", i, stmtString(s), unix.EINVAL)
+		}
+		if err := t.checkStmt(s); err != nil {
+			return r, fmt.Errorf("statement %d (%s): %w", i, stmtString(s), err)
+		}
+		if n, ok := s.(Numgen); ok {
+			s = Numgen{Chains: slices.Clone(n.Chains)}
+		}
+		out.Stmts = append(out.Stmts, s)
+	}
+	return out, nil
+}
+
+func stmtString(s Stmt) string {
+	if s == nil {
+		return "nil"
+	}
+	return s.String()
+}
+
+func (t *fakeTable) checkStmt(s Stmt) error {
+	switch s := s.(type) {
+	case MatchFamily, MatchAddrType, MatchMark, SetMark, MatchDNATed, Masquerade, Reject:
+	case MatchAddr:
+		if !s.Prefix.IsValid() {
+			return fmt.Errorf("invalid prefix: %w", unix.EINVAL)
+		}
+	case MatchProtoPort:
+		if _, ok := l4proto[strings.ToUpper(s.Protocol)]; !ok {
+			return fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", s.Protocol, unix.EINVAL)
+		}
+	case MapLookup:
+		if err := checkKeyType(s.Key); err != nil {
+			return err
+		}
+		m := t.maps[s.Map]
+		if m == nil {
+			return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
+		}
+		if m.key != s.Key {
+			return fmt.Errorf("map %q has key %s, lookup loads %s: %w", s.Map, m.key, s.Key, unix.EINVAL)
+		}
+	case Numgen:
+		if len(s.Chains) == 0 {
+			return fmt.Errorf("numgen over no chains: %w", unix.ERANGE)
+		}
+		for _, c := range s.Chains {
+			if err := t.checkTarget(c); err != nil {
+				return err
+			}
+		}
+	case SetLookup:
+		return t.checkSet(s.Set, s.V6)
+	case SetUpdate:
+		return t.checkSet(s.Set, s.V6)
+	case DNAT:
+		if !s.Addr.IsValid() || s.Addr.Is4In6() {
+			return fmt.Errorf("address %s: want an IPv4 or IPv6 address: %w", s.Addr, unix.EINVAL)
+		}
+		if s.Port == 0 {
+			return fmt.Errorf("port 0: %w", unix.EINVAL)
+		}
+	case VerdictStmt:
+		return t.checkVerdict(s.Verdict)
+	default:
+		return fmt.Errorf("unsupported statement type %T: %w", s, unix.EOPNOTSUPP)
+	}
+	return nil
+}
+
+func (t *fakeTable) checkSet(name string, v6 bool) error {
+	s := t.sets[name]
+	if s == nil {
+		return fmt.Errorf("set %q: no such set: %w", name, unix.ENOENT)
+	}
+	if s.V6 != v6 {
+		return fmt.Errorf("set %q holds %s: %w", name, addrType(s.V6), unix.EINVAL)
+	}
+	return nil
+}
+
+func addrType(v6 bool) string {
+	if v6 {
+		return "ipv6_addr"
+	}
+	return "ipv4_addr"
+}
+
+// stmtTargets returns the chains a statement can jump or go to, and the map
+// it looks up.
+func stmtTargets(s Stmt) (chains []string, vmap string) {
+	switch s := s.(type) {
+	case VerdictStmt:
+		if s.Verdict.Chain != "" {
+			return []string{s.Verdict.Chain}, ""
+		}
+	case Numgen:
+		return s.Chains, ""
+	case MapLookup:
+		return nil, s.Map
+	}
+	return nil, ""
+}
+
+// refRule counts (d = 1) or uncounts (d = -1) what a rule of chain
+// refers to.
+func (x *fakeTx) refRule(chain string, r Rule, d int) {
+	t := x.t
+	for _, s := range r.Stmts {
+		targets, vmap := stmtTargets(s)
+		for _, c := range targets {
+			x.bump2(t.ruleRefs, c, chain, d)
+		}
+		if vmap != "" {
+			x.bump2(t.mapUsers, vmap, chain, d)
+		}
+		switch s := s.(type) {
+		case SetLookup:
+			x.bump(t.setRefs, s.Set, d)
+		case SetUpdate:
+			x.bump(t.setRefs, s.Set, d)
+		}
+	}
+}
+
+// maxJumpDepth is NFT_JUMP_STACK_SIZE: the kernel refuses a table where a
+// base chain reaches a chain through more jumps or gotos.
+const maxJumpDepth = 16
+
+// validate does what the kernel does at commit, for what the Tx changed:
+// from the dirty chains (that got rules, or became a map element's
+// target), reached from some base chains, it walks every chain reachable
+// by jump, goto, vmap and numgen, refusing loops, too deep nesting, and
+// statements the base chain's hook or type does not allow. A failure is
+// looked for again in sorted order, so the error does not depend on map
+// iteration.
+func (t *fakeTable) validate(dirty map[string]bool) error {
+	if len(dirty) == 0 {
+		return nil
+	}
+	if err := t.newWalker(false).check(dirty); err != nil {
+		return t.newWalker(true).check(dirty)
+	}
+	return nil
+}
+
+type walkCtx struct {
+	typ  ChainType
+	hook Hook
+}
+
+type walkKey struct {
+	chain string
+	ctx   walkCtx
+}
+
+type commitWalker struct {
+	t      *fakeTable
+	sorted bool
+	height map[walkKey]int            // -1 while being walked
+	reach  map[string]map[walkCtx]int // chain -> base contexts reaching it -> longest distance
+}
+
+func (t *fakeTable) newWalker(sorted bool) *commitWalker {
+	return &commitWalker{t: t, sorted: sorted, height: map[walkKey]int{}, reach: map[string]map[walkCtx]int{}}
+}
+
+func (w *commitWalker) keys(m map[string]bool) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	if w.sorted {
+		slices.Sort(ks)
+	}
+	return ks
+}
+
+func (w *commitWalker) check(dirty map[string]bool) error {
+	for _, name := range w.keys(dirty) {
+		if w.t.chains[name] == nil {
+			continue // deleted later in the tx
+		}
+		reach := w.reachOf(name, map[string]bool{})
+		ctxs := slices.Collect(maps.Keys(reach))
+		if w.sorted {
+			slices.SortFunc(ctxs, func(a, b walkCtx) int {
+				return cmp.Or(strings.Compare(string(a.hook), string(b.hook)), strings.Compare(string(a.typ), string(b.typ)))
+			})
+		}
+		for _, ctx := range ctxs {
+			h, err := w.walk(name, ctx)
+			if err != nil {
+				return fmt.Errorf("from a %s %s chain: %w", ctx.typ, ctx.hook, err)
+			}
+			if d := reach[ctx] + h; d > maxJumpDepth {
+				return fmt.Errorf("from a %s %s chain: chain %s is %d jumps deep and has %d more below, the kernel allows %d: %w",
+					ctx.typ, ctx.hook, name, reach[ctx], h, maxJumpDepth, unix.EMLINK)
+			}
+		}
+	}
+	return nil
+}
+
+// reachOf returns the base chain contexts that reach chain, with the
+// longest distance from such a base chain. Loops (which walk refuses
+// when a base chain reaches them) are cut.
+func (w *commitWalker) reachOf(chain string, visiting map[string]bool) map[walkCtx]int {
+	if r, ok := w.reach[chain]; ok {
+		return r
+	}
+	if visiting[chain] {
+		return nil
+	}
+	visiting[chain] = true
+	defer delete(visiting, chain)
+	r := map[walkCtx]int{}
+	merge := func(from map[walkCtx]int) {
+		for ctx, d := range from {
+			if old, ok := r[ctx]; !ok || d+1 > old {
+				r[ctx] = d + 1
+			}
+		}
+	}
+	if b := w.t.chains[chain].base; b != nil {
+		r[walkCtx{b.Type, b.Hook}] = 0
+	}
+	for p := range w.t.ruleRefs[chain] {
+		merge(w.reachOf(p, visiting))
+	}
+	for m := range w.t.elemRefs[chain] {
+		for u := range w.t.mapUsers[m] {
+			merge(w.reachOf(u, visiting))
+		}
+	}
+	w.reach[chain] = r
+	return r
+}
+
+// walk returns the jump depth below chain, reached from a base chain of
+// ctx.
+func (w *commitWalker) walk(chain string, ctx walkCtx) (int, error) {
+	k := walkKey{chain, ctx}
+	if d, ok := w.height[k]; ok {
+		if d < 0 {
+			// The kernel finds a loop as too deep a jump stack.
+			return 0, fmt.Errorf("chain %s: loop: %w", chain, unix.EMLINK)
+		}
+		return d, nil
+	}
+	w.height[k] = -1
+	depth := 0
+	next := func(target string) error {
+		d, err := w.walk(target, ctx)
+		if err != nil {
+			return err
+		}
+		depth = max(depth, d+1)
+		return nil
+	}
+	for _, r := range w.t.chains[chain].rules {
+		for _, s := range r.Stmts {
+			if err := allowedIn(s, ctx); err != nil {
+				return 0, fmt.Errorf("chain %s: %s: %w", chain, s, err)
+			}
+			targets, vmap := stmtTargets(s)
+			for _, c := range targets {
+				if err := next(c); err != nil {
+					return 0, err
+				}
+			}
+			if vmap == "" {
+				continue
+			}
+			elems := w.t.maps[vmap].elems
+			if w.sorted {
+				for _, key := range slices.SortedFunc(maps.Keys(elems), compareMapKeys) {
+					if c := elems[key].Chain; c != "" {
+						if err := next(c); err != nil {
+							return 0, err
+						}
+					}
+				}
+				continue
+			}
+			for _, v := range elems {
+				if v.Chain != "" {
+					if err := next(v.Chain); err != nil {
+						return 0, err
+					}
+				}
+			}
+		}
+	}
+	if depth > maxJumpDepth {
+		return 0, fmt.Errorf("chain %s: %d nested jumps below it, the kernel allows %d: %w", chain, depth, maxJumpDepth, unix.EMLINK)
+	}
+	w.height[k] = depth
+	return depth, nil
+}
+
+// allowedIn reports (as an error) whether s may run in a chain of base
+// chain b's type and hook.
+func allowedIn(s Stmt, b walkCtx) error {
+	switch s.(type) {
+	case DNAT:
+		if b.typ != ChainTypeNAT || (b.hook != HookPrerouting && b.hook != HookOutput) {
+			return fmt.Errorf("only in nat prerouting and output chains: %w", unix.EOPNOTSUPP)
+		}
+	case Masquerade:
+		if b.typ != ChainTypeNAT || b.hook != HookPostrouting {
+			return fmt.Errorf("only in nat postrouting chains: %w", unix.EOPNOTSUPP)
+		}
+	case Reject:
+		if b.hook != HookInput && b.hook != HookForward && b.hook != HookOutput {
+			return fmt.Errorf("only in input, forward and output chains: %w", unix.EOPNOTSUPP)
+		}
+	}
+	return nil
+}
+
+func compareMapKeys(a, b MapKey) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+}
+
+// Dump returns the table as `nft list table inet outpost` prints it, with
+// sets and maps (sorted by name) before chains (sorted by name) and map
+// elements sorted, one a line; "" when there is no table. Rules print as nft prints
+// them back from the kernel: `meta l4proto tcp th dport 80` as
+// `tcp dport 80`, and `meta nfproto` left out where a later address match
+// of the same family implies it. Base chain priorities stay numeric.
+func (f *Fake) Dump() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.table
+	if t == nil {
+		return ""
+	}
+	type block struct{ name, text string }
+	var objs []block
+	for name, s := range t.sets {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n", name, addrType(s.V6), affinitySetSize)
+		if ts := nftDuration(s.Timeout); ts != "" {
+			fmt.Fprintf(&b, "\t\ttimeout %s\n", ts)
+		}
+		b.WriteString("\t}\n")
+		objs = append(objs, block{name, b.String()})
+	}
+	for name, m := range t.maps {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", name, m.key)
+		if len(m.elems) > 0 {
+			elems := make([]string, 0, len(m.elems))
+			for k, v := range m.elems {
+				elems = append(elems, k.String()+" : "+v.String())
+			}
+			b.WriteString(formatElements(elems))
+		}
+		b.WriteString("\t}\n")
+		objs = append(objs, block{name, b.String()})
+	}
+	slices.SortFunc(objs, func(a, b block) int { return strings.Compare(a.name, b.name) })
+	var blocks []string
+	for _, o := range objs {
+		blocks = append(blocks, o.text)
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.chains)) {
+		c := t.chains[name]
+		var b strings.Builder
+		fmt.Fprintf(&b, "\tchain %s {\n", name)
+		if c.base != nil {
+			fmt.Fprintf(&b, "\t\t%s\n", baseLine(*c.base))
+		}
+		for _, r := range c.rules {
+			fmt.Fprintf(&b, "\t\t%s\n", nftRule(r))
+		}
+		b.WriteString("\t}\n")
+		blocks = append(blocks, b.String())
+	}
+	return "table inet " + netproxy.TableName + " {\n" + strings.Join(blocks, "\n") + "}\n"
+}
+
+// formatElements prints map elements as nft does, one a line, sorted.
+func formatElements(elems []string) string {
+	slices.Sort(elems)
+	return "\t\telements = { " + strings.Join(elems, ",\n\t\t\t     ") + " }\n"
+}
+
+// baseLine is a base chain's first line as nft prints it, except that the
+// priority stays a number.
+func baseLine(b Base) string {
+	return fmt.Sprintf("type %s hook %s priority %d; policy accept;", b.Type, b.Hook, b.Priority)
+}
+
+// nftDuration prints d as nft prints timeouts: 3h, 1h30m, 10s, 250ms.
+func nftDuration(d time.Duration) string {
+	ms := d.Milliseconds()
+	var b strings.Builder
+	for _, u := range []struct {
+		ms   int64
+		unit string
+	}{{86400000, "d"}, {3600000, "h"}, {60000, "m"}, {1000, "s"}, {1, "ms"}} {
+		if n := ms / u.ms; n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.unit)
+			ms -= n * u.ms
+		}
+	}
+	return b.String()
+}
+
+// nftRule prints a rule as nft lists it from the kernel.
+func nftRule(r Rule) string {
+	parts := make([]string, 0, len(r.Stmts)+1)
+	for i, s := range r.Stmts {
+		switch s := s.(type) {
+		case MatchFamily:
+			if loadsAddr(r.Stmts[i+1:], s.V6) {
+				continue // nft leaves out the dependency
+			}
+		case MatchProtoPort:
+			if s.Port != 0 {
+				parts = append(parts, fmt.Sprintf("%s dport %d", strings.ToLower(s.Protocol), s.Port))
+				continue
+			}
+			parts = append(parts, "meta l4proto "+strings.ToLower(s.Protocol))
+			continue
+		}
+		parts = append(parts, s.String())
+	}
+	if r.Comment != "" {
+		parts = append(parts, fmt.Sprintf("comment %q", r.Comment))
+	}
+	return strings.Join(parts, " ")
+}
+
+// loadsAddr reports whether one of stmts loads an address of the family
+// (so needs `meta nfproto` before it in an inet table).
+func loadsAddr(stmts []Stmt, v6 bool) bool {
+	for _, s := range stmts {
+		if fam, ok := addrFamily(s); ok && fam == v6 {
+			return true
+		}
+	}
+	return false
+}
+
+// addrFamily returns whether s loads an IPv6 (true) or IPv4 (false)
+// header field; ok is false when it loads none.
+func addrFamily(s Stmt) (v6, ok bool) {
+	switch s := s.(type) {
+	case MatchAddr:
+		return s.Prefix.Addr().Is6(), true
+	case MapLookup:
+		switch s.Key {
+		case KeyAddr4ProtoPort:
+			return false, true
+		case KeyAddr6ProtoPort:
+			return true, true
+		}
+	case SetLookup:
+		return s.V6, true
+	case SetUpdate:
+		return s.V6, true
+	}
+	return false, false
+}

@@ -1,0 +1,613 @@
+package nft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	mnl "github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/outpost-edge/outpost/netproxy"
+)
+
+// Netlink is the Ruleset that programs the kernel's outpost table over
+// nftables netlink. Apply sends a whole Tx as one batch, which the kernel
+// commits atomically; rules are translated into the expressions nft(8)
+// itself would generate, so `nft list table inet outpost` reads like the
+// statements' String forms.
+type Netlink struct {
+	netns int
+	mu    sync.Mutex // one batch at a time
+}
+
+// NewNetlink returns a Netlink for the network namespace netnsFD refers
+// to; 0 means the current one. It does not touch the kernel.
+func NewNetlink(netnsFD int) *Netlink {
+	return &Netlink{netns: netnsFD}
+}
+
+// conn returns an nftables connection to the netns whose socket, when
+// Flush dials it, gets buffers large enough for *msgs messages, so that a
+// big batch neither fails to send (EMSGSIZE) nor loses its
+// acknowledgements (ENOBUFS).
+func (n *Netlink) conn(msgs *int) (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.WithSockOptions(func(c *mnl.Conn) error {
+		return setBufferSize(c, bufferSize(*msgs))
+	})}
+	if n.netns != 0 {
+		opts = append(opts, nftables.WithNetNSFd(n.netns))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("open nftables: %w", err)
+	}
+	return c, nil
+}
+
+// Apply sends tx to the kernel as one batch: either all of it takes
+// effect or none does. The batch begins by creating the table if it is
+// missing (and re-creates it after an OpDelTable that more ops follow).
+// An empty Tx sends nothing.
+func (n *Netlink) Apply(tx *Tx) error {
+	if tx == nil || len(tx.Ops) == 0 {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	b := &nlBatch{t: table(), msgs: 1}
+	c, err := n.conn(&b.msgs)
+	if err != nil {
+		return fmt.Errorf("apply tx: %w", err)
+	}
+	b.c = c
+	c.AddTable(b.t)
+	for i := 0; i < len(tx.Ops); {
+		next, err := b.add(tx.Ops, i)
+		if err != nil {
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(tx.Ops[i]), err)
+		}
+		i = next
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), netproxy.TableName, err)
+	}
+	return nil
+}
+
+// List returns the names of the table's chains, maps and sets, sorted; a
+// missing table holds nothing.
+func (n *Netlink) List() (Contents, error) {
+	var out Contents
+	msgs := 0
+	c, err := n.conn(&msgs)
+	if err != nil {
+		return out, fmt.Errorf("list table %s: %w", netproxy.TableName, err)
+	}
+	t, err := c.ListTableOfFamily(netproxy.TableName, nftables.TableFamilyINet)
+	if errors.Is(err, unix.ENOENT) {
+		return out, nil
+	}
+	if err != nil {
+		return out, fmt.Errorf("list table %s: %w", netproxy.TableName, err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return out, fmt.Errorf("list chains of table %s: %w", netproxy.TableName, err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == netproxy.TableName {
+			out.Chains = append(out.Chains, ch.Name)
+		}
+	}
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return out, fmt.Errorf("list sets of table %s: %w", netproxy.TableName, err)
+	}
+	for _, s := range sets {
+		switch {
+		case s.Anonymous:
+		case s.IsMap:
+			out.Maps = append(out.Maps, s.Name)
+		default:
+			out.Sets = append(out.Sets, s.Name)
+		}
+	}
+	slices.Sort(out.Chains)
+	slices.Sort(out.Maps)
+	slices.Sort(out.Sets)
+	return out, nil
+}
+
+// nlBatch translates ops into the messages of one batch on c.
+type nlBatch struct {
+	c       *nftables.Conn
+	t       *nftables.Table
+	deleted bool // the table was deleted by an earlier op
+	msgs    int  // messages in the batch so far
+}
+
+// add adds ops[i] (and, for elements, the ops after it that change the
+// same map the same way, which go in one message) and returns the index
+// of the next op.
+func (b *nlBatch) add(ops []Op, i int) (int, error) {
+	op := ops[i]
+	b.msgs++
+	if op.Kind == OpDelTable {
+		b.c.DelTable(b.t)
+		b.deleted = true
+		return i + 1, nil
+	}
+	if b.deleted {
+		b.c.AddTable(b.t)
+		b.deleted = false
+		b.msgs++
+	}
+	switch op.Kind {
+	case OpAddChain:
+		if err := checkName("chain", op.Chain.Name); err != nil {
+			return 0, err
+		}
+		ch, err := b.chain(op.Chain)
+		if err != nil {
+			return 0, err
+		}
+		b.c.AddChain(ch)
+	case OpFlushChain:
+		b.c.FlushChain(&nftables.Chain{Name: op.Chain.Name, Table: b.t})
+	case OpDelChain:
+		b.c.DelChain(&nftables.Chain{Name: op.Chain.Name, Table: b.t})
+	case OpAddRule:
+		r := &nftables.Rule{Table: b.t, Chain: &nftables.Chain{Name: op.Chain.Name, Table: b.t}}
+		exprs, err := b.rule(op.Rule)
+		if err != nil {
+			return 0, err
+		}
+		r.Exprs = exprs
+		if op.Rule.Comment != "" {
+			r.UserData = userdata.AppendString(nil, userdata.TypeComment, op.Rule.Comment)
+		}
+		b.c.AddRule(r)
+	case OpAddMap:
+		if err := checkName("map", op.Map.Name); err != nil {
+			return 0, err
+		}
+		kt, err := nlKeyType(op.Map.Key)
+		if err != nil {
+			return 0, err
+		}
+		s := &nftables.Set{Table: b.t, Name: op.Map.Name, IsMap: true, Concatenation: true, KeyType: kt, DataType: nftables.TypeVerdict}
+		if err := b.c.AddSet(s, nil); err != nil {
+			return 0, fmt.Errorf("add map: %w", err)
+		}
+	case OpDelMap:
+		b.c.DelSet(&nftables.Set{Table: b.t, Name: op.Map.Name})
+	case OpAddElem, OpDelElem:
+		return b.elems(ops, i)
+	case OpAddSet:
+		if err := checkName("set", op.Set.Name); err != nil {
+			return 0, err
+		}
+		if op.Set.Timeout < 0 {
+			return 0, fmt.Errorf("timeout %s is negative", op.Set.Timeout)
+		}
+		s := &nftables.Set{Table: b.t, Name: op.Set.Name, KeyType: nftables.TypeIPAddr, Dynamic: true, HasTimeout: true, Timeout: op.Set.Timeout, Size: affinitySetSize}
+		if op.Set.V6 {
+			s.KeyType = nftables.TypeIP6Addr
+		}
+		if err := b.c.AddSet(s, nil); err != nil {
+			return 0, fmt.Errorf("add set: %w", err)
+		}
+	case OpDelSet:
+		b.c.DelSet(&nftables.Set{Table: b.t, Name: op.Set.Name})
+	default:
+		return 0, fmt.Errorf("unknown op kind %d", int(op.Kind))
+	}
+	return i + 1, nil
+}
+
+// elems adds ops[i] and the ops after it of the same kind on the same map
+// as one message, and returns the index of the next op.
+func (b *nlBatch) elems(ops []Op, i int) (int, error) {
+	first := ops[i]
+	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: true}
+	var els []nftables.SetElement
+	j := i
+	for ; j < len(ops) && ops[j].Kind == first.Kind && ops[j].Map == first.Map; j++ {
+		key, err := nlElemKey(first.Map.Key, ops[j].Key)
+		if err != nil {
+			return 0, fmt.Errorf("op %d: %w", j, err)
+		}
+		el := nftables.SetElement{Key: key}
+		if first.Kind == OpAddElem {
+			v, err := nlVerdict(ops[j].Verdict)
+			if err != nil {
+				return 0, fmt.Errorf("op %d: %w", j, err)
+			}
+			el.VerdictData = v
+		}
+		els = append(els, el)
+	}
+	var err error
+	if first.Kind == OpAddElem {
+		err = b.c.SetAddElements(s, els)
+	} else {
+		err = b.c.SetDeleteElements(s, els)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("elements of map %s: %w", first.Map.Name, err)
+	}
+	return j, nil
+}
+
+func (b *nlBatch) chain(c Chain) (*nftables.Chain, error) {
+	ch := &nftables.Chain{Name: c.Name, Table: b.t}
+	if c.Base == nil {
+		return ch, nil
+	}
+	switch c.Base.Type {
+	case ChainTypeNAT:
+		ch.Type = nftables.ChainTypeNAT
+	case ChainTypeFilter:
+		ch.Type = nftables.ChainTypeFilter
+	default:
+		return nil, fmt.Errorf("unknown chain type %q", c.Base.Type)
+	}
+	switch c.Base.Hook {
+	case HookPrerouting:
+		ch.Hooknum = nftables.ChainHookPrerouting
+	case HookInput:
+		ch.Hooknum = nftables.ChainHookInput
+	case HookForward:
+		ch.Hooknum = nftables.ChainHookForward
+	case HookOutput:
+		ch.Hooknum = nftables.ChainHookOutput
+	case HookPostrouting:
+		ch.Hooknum = nftables.ChainHookPostrouting
+	default:
+		return nil, fmt.Errorf("unknown hook %q", c.Base.Hook)
+	}
+	ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(c.Base.Priority))
+	return ch, nil
+}
+
+// nlKeyType is the set key type of a map key type.
+func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
+	switch k {
+	case KeyAddr4ProtoPort:
+		return nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService), nil
+	case KeyAddr6ProtoPort:
+		return nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService), nil
+	case KeyProtoPort:
+		return nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService), nil
+	}
+	return nftables.SetDatatype{}, fmt.Errorf("unknown key type %q", k)
+}
+
+// nlElemKey encodes a map key as the kernel stores concatenations: each
+// field padded to a multiple of 4 bytes.
+func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
+	proto, ok := l4proto[strings.ToUpper(k.Protocol)]
+	if !ok {
+		return nil, fmt.Errorf("key %s: protocol %q: want TCP, UDP or SCTP", k, k.Protocol)
+	}
+	var key []byte
+	switch kt {
+	case KeyAddr4ProtoPort:
+		if !k.Addr.Is4() {
+			return nil, fmt.Errorf("key %s: map %s needs an IPv4 address", k, kt)
+		}
+		key = k.Addr.AsSlice()
+	case KeyAddr6ProtoPort:
+		if !k.Addr.Is6() {
+			return nil, fmt.Errorf("key %s: map %s needs an IPv6 address", k, kt)
+		}
+		key = k.Addr.AsSlice()
+	case KeyProtoPort:
+		if k.Addr.IsValid() {
+			return nil, fmt.Errorf("key %s: map %s takes no address", k, kt)
+		}
+	default:
+		return nil, fmt.Errorf("unknown key type %q", kt)
+	}
+	key = append(key, proto, 0, 0, 0)
+	key = binary.BigEndian.AppendUint16(key, k.Port)
+	return append(key, 0, 0), nil
+}
+
+func nlVerdict(v Verdict) (*expr.Verdict, error) {
+	e := &expr.Verdict{Chain: v.Chain}
+	switch v.Kind {
+	case VerdictAccept:
+		e.Kind = expr.VerdictAccept
+	case VerdictDrop:
+		e.Kind = expr.VerdictDrop
+	case VerdictReturn:
+		e.Kind = expr.VerdictReturn
+	case VerdictJump:
+		e.Kind = expr.VerdictJump
+	case VerdictGoto:
+		e.Kind = expr.VerdictGoto
+	default:
+		return nil, fmt.Errorf("unknown verdict %q", v.Kind)
+	}
+	if (v.Chain != "") != (v.Kind == VerdictJump || v.Kind == VerdictGoto) {
+		return nil, fmt.Errorf("verdict %q: only jump and goto take a chain, and they need one", v)
+	}
+	return e, nil
+}
+
+// affinitySetSize bounds an affinity set (nft's default for a set that
+// rules update, which the kernel would report anyway).
+const affinitySetSize = 65535
+
+// bytesPerMessage is the socket buffer a batch needs per message: its
+// share of the batch (sent in one sendmsg) and of the acknowledgements,
+// which the kernel queues all at once after the commit and which cost
+// their skb's true size, not their length.
+const bytesPerMessage = 2048
+
+// bufferSize is the socket buffer size for a batch of msgs messages: at
+// least socketBuffer, at most 1 GiB.
+func bufferSize(msgs int) int {
+	return min(max(socketBuffer, msgs*bytesPerMessage), 1<<30)
+}
+
+// setBufferSize is setBuffers for a given size.
+func setBufferSize(c *mnl.Conn, size int) error {
+	if size <= socketBuffer {
+		return setBuffers(c)
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	var forced error
+	err = raw.Control(func(fd uintptr) {
+		forced = errors.Join(
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size),
+		)
+	})
+	if err == nil && forced == nil {
+		return nil
+	}
+	if err := c.SetReadBuffer(size); err != nil {
+		return fmt.Errorf("set netlink receive buffer: %w", err)
+	}
+	if err := c.SetWriteBuffer(size); err != nil {
+		return fmt.Errorf("set netlink send buffer: %w", err)
+	}
+	return nil
+}
+
+// Registers. A concatenation is loaded into consecutive 32-bit registers
+// starting at the (16-byte) register 1, which is 32-bit register 0; the
+// 32-bit registers are numbered from nlReg32 on.
+const (
+	nlReg1       = 1
+	nlReg2       = 2 // the 16-byte register after an IPv6 address in register 1
+	nlReg32      = 8 // NFT_REG32_00, the same storage as register 1
+	nlRegPort    = 9
+	nlRegV4Proto = nlReg32 + 1 // after 4 bytes of IPv4 address
+	nlRegV4Port  = nlReg32 + 2
+	nlRegV6Port  = nlReg32 + 5 // after 16 bytes of address and 4 of protocol
+)
+
+// rule translates a rule's statements. In the inet family every load of
+// an IPv4 or IPv6 header field needs `meta nfproto` before it (nft adds
+// it implicitly); rule adds it unless the rule already established the
+// family.
+func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
+	var exprs []expr.Any
+	family := 0 // 4 or 6 once established
+	needFamily := func(v6 bool) {
+		want := 4
+		if v6 {
+			want = 6
+		}
+		if family != want {
+			exprs = append(exprs, matchFamily(!v6)...)
+			family = want
+		}
+	}
+	for i, s := range r.Stmts {
+		if i > 0 && isTerminalStmt(r.Stmts[i-1]) {
+			return nil, fmt.Errorf("statement %d (%s) follows a terminal statement", i, stmtString(s))
+		}
+		switch s := s.(type) {
+		case MatchFamily:
+			exprs = append(exprs, matchFamily(!s.V6)...)
+			family = 4
+			if s.V6 {
+				family = 6
+			}
+		case MatchAddr:
+			if !s.Prefix.IsValid() {
+				return nil, fmt.Errorf("statement %d: invalid prefix", i)
+			}
+			needFamily(s.Prefix.Addr().Is6())
+			op := expr.CmpOpEq
+			if s.Not {
+				op = expr.CmpOpNeq
+			}
+			exprs = append(exprs, matchAddr(s.Dst, op, s.Prefix)...)
+		case MatchProtoPort:
+			proto, ok := l4proto[strings.ToUpper(s.Protocol)]
+			if !ok {
+				return nil, fmt.Errorf("statement %d (%s): protocol %q: want TCP, UDP or SCTP", i, s, s.Protocol)
+			}
+			if s.Port != 0 {
+				exprs = append(exprs, matchPort(strings.ToUpper(s.Protocol), s.Port)...)
+				break
+			}
+			exprs = append(exprs,
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: nlReg1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: []byte{proto}},
+			)
+		case MatchAddrType:
+			op := expr.CmpOpEq
+			if s.Not {
+				op = expr.CmpOpNeq
+			}
+			exprs = append(exprs,
+				&expr.Fib{Register: nlReg1, FlagSADDR: !s.Dst, FlagDADDR: s.Dst, ResultADDRTYPE: true},
+				&expr.Cmp{Op: op, Register: nlReg1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+			)
+		case MatchMark:
+			op := expr.CmpOpEq
+			if s.Set {
+				op = expr.CmpOpNeq
+			}
+			exprs = append(exprs,
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: nlReg1},
+				&expr.Bitwise{SourceRegister: nlReg1, DestRegister: nlReg1, Len: 4,
+					Mask: binary.NativeEndian.AppendUint32(nil, s.Bit), Xor: make([]byte, 4)},
+				&expr.Cmp{Op: op, Register: nlReg1, Data: make([]byte, 4)},
+			)
+		case SetMark:
+			// mark | bit is (mark & ^bit) ^ bit; mark ^ bit is (mark & ~0) ^ bit.
+			mask := ^s.Bit
+			if s.Xor {
+				mask = ^uint32(0)
+			}
+			exprs = append(exprs,
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: nlReg1},
+				&expr.Bitwise{SourceRegister: nlReg1, DestRegister: nlReg1, Len: 4,
+					Mask: binary.NativeEndian.AppendUint32(nil, mask), Xor: binary.NativeEndian.AppendUint32(nil, s.Bit)},
+				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: nlReg1},
+			)
+		case MatchDNATed:
+			exprs = append(exprs, matchDNATed()...)
+		case MapLookup:
+			e, err := nlMapLookup(s, needFamily)
+			if err != nil {
+				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
+			}
+			exprs = append(exprs, e...)
+		case Numgen:
+			e, err := b.numgen(s)
+			if err != nil {
+				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
+			}
+			exprs = append(exprs, e...)
+		case SetLookup:
+			needFamily(s.V6)
+			exprs = append(exprs,
+				nlLoadSaddr(s.V6),
+				&expr.Lookup{SourceRegister: nlReg1, SetName: s.Set},
+			)
+		case SetUpdate:
+			needFamily(s.V6)
+			exprs = append(exprs,
+				nlLoadSaddr(s.V6),
+				// No timeout: the element gets (or is refreshed to)
+				// the set's.
+				&expr.Dynset{SrcRegKey: nlReg1, SetName: s.Set, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)},
+			)
+		case DNAT:
+			if !s.Addr.IsValid() || s.Addr.Is4In6() {
+				return nil, fmt.Errorf("statement %d (%s): want an IPv4 or IPv6 address", i, s)
+			}
+			if s.Port == 0 {
+				return nil, fmt.Errorf("statement %d (%s): port 0", i, s)
+			}
+			family := uint32(unix.NFPROTO_IPV6)
+			if s.Addr.Is4() {
+				family = unix.NFPROTO_IPV4
+			}
+			exprs = append(exprs,
+				&expr.Immediate{Register: nlReg1, Data: s.Addr.AsSlice()},
+				&expr.Immediate{Register: nlReg2, Data: binary.BigEndian.AppendUint16(nil, s.Port)},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: nlReg2, Specified: true},
+			)
+		case Masquerade:
+			exprs = append(exprs, &expr.Masq{FullyRandom: s.FullyRandom})
+		case Reject:
+			exprs = append(exprs, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
+		case VerdictStmt:
+			v, err := nlVerdict(s.Verdict)
+			if err != nil {
+				return nil, fmt.Errorf("statement %d: %w", i, err)
+			}
+			exprs = append(exprs, v)
+		default:
+			return nil, fmt.Errorf("statement %d: unsupported statement type %T", i, s)
+		}
+	}
+	return exprs, nil
+}
+
+// nlLoadSaddr is `ip saddr` or `ip6 saddr` into register 1.
+func nlLoadSaddr(v6 bool) expr.Any {
+	if v6 {
+		return &expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6SaddrOffset, Len: 16}
+	}
+	return &expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4SaddrOffset, Len: 4}
+}
+
+// nlMapLookup is `[ip daddr .] meta l4proto . th dport vmap @map`: the key's
+// fields in consecutive registers from register 1, then the lookup.
+func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
+	l4 := func(protoReg, portReg uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: protoReg},
+			&expr.Payload{DestRegister: portReg, Base: expr.PayloadBaseTransportHeader, Offset: thDportOffset, Len: 2},
+		}
+	}
+	var e []expr.Any
+	switch s.Key {
+	case KeyAddr4ProtoPort:
+		needFamily(false)
+		e = append(e, &expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOffset, Len: 4})
+		e = append(e, l4(nlRegV4Proto, nlRegV4Port)...)
+	case KeyAddr6ProtoPort:
+		needFamily(true)
+		e = append(e, &expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6DaddrOffset, Len: 16})
+		e = append(e, l4(nlReg2, nlRegV6Port)...)
+	case KeyProtoPort:
+		e = append(e, l4(nlReg1, nlRegPort)...)
+	default:
+		return nil, fmt.Errorf("unknown key type %q", s.Key)
+	}
+	return append(e, &expr.Lookup{SourceRegister: nlReg1, SetName: s.Map, IsDestRegSet: true, DestRegister: 0}), nil
+}
+
+// numgen is `numgen random mod N vmap { 0 : goto c0, … }`: the anonymous
+// constant verdict map goes in the same batch, before the rule that binds
+// it.
+func (b *nlBatch) numgen(s Numgen) ([]expr.Any, error) {
+	if len(s.Chains) == 0 {
+		return nil, fmt.Errorf("numgen over no chains")
+	}
+	set := &nftables.Set{Table: b.t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	els := make([]nftables.SetElement, len(s.Chains))
+	for i, c := range s.Chains {
+		if c == "" {
+			return nil, fmt.Errorf("numgen branch %d: no chain", i)
+		}
+		els[i] = nftables.SetElement{
+			Key:         binary.NativeEndian.AppendUint32(nil, uint32(i)),
+			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: c},
+		}
+	}
+	if err := b.c.AddSet(set, els); err != nil {
+		return nil, fmt.Errorf("add numgen map: %w", err)
+	}
+	b.msgs += 2 // the set and its elements
+	return []expr.Any{
+		&expr.Numgen{Register: nlReg1, Modulus: uint32(len(s.Chains)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: nlReg1, SetName: set.Name, SetID: set.ID, IsDestRegSet: true, DestRegister: 0},
+	}, nil
+}
+
+var (
+	_ Ruleset = (*Netlink)(nil)
+	_ Ruleset = (*Fake)(nil)
+)
