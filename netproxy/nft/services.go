@@ -1,0 +1,326 @@
+package nft
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/outpost-edge/outpost/netproxy"
+)
+
+// nameBaseMax is the longest "HASH-readable" part of a per-ServicePort
+// name: the kernel takes 255 bytes, and the longest prefix is 9.
+const nameBaseMax = 240
+
+// hashName returns "HASH-readable", HASH being the first 8 characters of
+// base32(sha256(readable)): unique even when a long name is cut, and
+// different at a glance for names that differ in one digit.
+func hashName(readable string) string {
+	sum := sha256.Sum256([]byte(readable))
+	var enc [56]byte
+	base32.StdEncoding.Encode(enc[:], sum[:])
+	name := string(enc[:8]) + "-" + readable
+	if len(name) > nameBaseMax {
+		name = name[:nameBaseMax-3] + "..."
+	}
+	return name
+}
+
+// endpointReadable returns "ns/svc/proto/port__ip/port", with an IPv6
+// address's colons as dots (nft does not take colons in names).
+func endpointReadable(key string, e netproxy.Endpoint) string {
+	ip := e.Addr.Unmap().String()
+	if strings.Contains(ip, ":") {
+		ip = strings.ReplaceAll(ip, ":", ".")
+	}
+	return key + "__" + ip + "/" + strconv.Itoa(int(e.Port))
+}
+
+// renderService appends to o what one ServicePort wants, after kube-proxy:
+//
+//   - service-…: the cluster-wide policy chain. It has affinity rules
+//     (`ip saddr @affinity-… goto endpoint-…`) and, per family with
+//     endpoints, `meta nfproto ipvX numgen random mod N vmap {…}` over
+//     the usable endpoints of that family.
+//   - local-…: the same over this node's usable endpoints, when
+//     internalTrafficPolicy or externalTrafficPolicy is Local.
+//   - The chain ClusterIPs go to (service-…, or local-… for
+//     internalTrafficPolicy Local) starts with `ip daddr <clusterIP> ip
+//     saddr != <podCIDR> jump mark-for-masquerade` per ClusterIP (for the
+//     family without a pod CIDR, every source).
+//   - external-…, for a NodePort, external IPs or load-balancer IPs: with
+//     externalTrafficPolicy Cluster it marks for masquerade and goes to
+//     service-…; with Local, pods and the node itself short-circuit to
+//     service-… (the node masqueraded) and the rest goes to local-…
+//     unmasqueraded, so endpoints see the client's address.
+//   - endpoint-…__ip/port: `ip saddr <ip> jump mark-for-masquerade`
+//     (a pod reaching itself), `update @affinity-… { ip saddr }` with
+//     affinity, `meta l4proto <proto> dnat to <ip>:<port>`.
+//   - affinity-…__ip/port sets, with the affinity timeout.
+//   - Map elements, per address family: a ClusterIP goes to its chain in
+//     service-ips(6) when it has endpoints for its traffic policy, else
+//     into no-endpoint-services(6) as drop (there are endpoints, just none
+//     for the policy) or goto reject-chain (none at all); external and
+//     load-balancer IPs, and the NodePort in the nodeport maps, go to
+//     external-… when there are endpoints at all, and into the
+//     no-endpoint maps by the same rule for the external policy.
+//
+// With internalTrafficPolicy Local the ClusterIPs go to local-…, not
+// service-…, so that NodePort traffic of a Service whose external policy
+// is Cluster still reaches every endpoint.
+//
+// A ServicePort with neither ClusterIPs nor external addresses wants
+// nothing.
+func renderService(key string, sp *netproxy.ServicePort, podCIDR netip.Prefix, o *objects) {
+	external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
+	if len(sp.ClusterIPs) == 0 && !external {
+		return
+	}
+	r := svcRender{
+		key:     key,
+		sp:      sp,
+		podCIDR: podCIDR,
+		proto:   canonicalProtocol(sp.Protocol),
+		base:    hashName(key),
+		names:   make([]string, len(sp.Endpoints)),
+	}
+	cluster := indexes(sp.Endpoints, sp.Usable(false))
+	local := indexes(sp.Endpoints, sp.Usable(true))
+	useCluster := len(cluster) > 0 && (!sp.InternalLocal || external)
+	useLocal := len(local) > 0 && (sp.InternalLocal || sp.ExternalLocal && external)
+	useExternal := len(cluster) > 0 && external
+
+	serviceChain := prefixService + r.base
+	localChain := prefixLocal + r.base
+	externalChain := prefixExternal + r.base
+	internalChain, internal := serviceChain, cluster
+	if sp.InternalLocal {
+		internalChain, internal = localChain, local
+	}
+	externalEps := cluster
+	if sp.ExternalLocal {
+		externalEps = local
+	}
+
+	if useCluster {
+		o.chains = append(o.chains, r.policyChain(serviceChain, cluster, !sp.InternalLocal))
+	}
+	if useLocal {
+		o.chains = append(o.chains, r.policyChain(localChain, local, sp.InternalLocal))
+	}
+	if useExternal {
+		o.chains = append(o.chains, r.externalChain(externalChain, serviceChain, localChain, len(local) > 0))
+	}
+	// Endpoint chains (and affinity sets) for every endpoint a policy
+	// chain goes to, in the ServicePort's order.
+	used := make([]bool, len(sp.Endpoints))
+	if useCluster {
+		for _, i := range cluster {
+			used[i] = true
+		}
+	}
+	if useLocal {
+		for _, i := range local {
+			used[i] = true
+		}
+	}
+	for i, u := range used {
+		if !u {
+			continue
+		}
+		o.chains = append(o.chains, r.endpointChain(i))
+		if sp.AffinityTimeout > 0 {
+			o.sets = append(o.sets, AddrSet{Name: r.affinitySet(i), V6: r.is6(i), Timeout: sp.AffinityTimeout})
+		}
+	}
+
+	// Map elements, each key once (the first wins).
+	n0 := len(o.elems)
+	add := func(m mapID, k MapKey, v Verdict) {
+		ek := elemID{m: m, k: k}
+		for _, el := range o.elems[n0:] {
+			if el.key == ek {
+				return
+			}
+		}
+		o.elems = append(o.elems, elem{key: ek, v: v})
+	}
+	noEndpoints := func(some bool) Verdict {
+		if some {
+			return Verdict{Kind: VerdictDrop}
+		}
+		return Goto(chainReject)
+	}
+	for _, ip := range sp.ClusterIPs {
+		ip = ip.Unmap()
+		v6 := ip.Is6()
+		k := MapKey{Addr: ip, Protocol: r.proto, Port: sp.Port}
+		if r.hasFamily(internal, v6) {
+			add(pick(v6, mapServiceIPs, mapServiceIPs6), k, Goto(internalChain))
+		} else {
+			add(pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k, noEndpoints(r.hasFamily(cluster, v6)))
+		}
+	}
+	for _, ips := range [][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, ip := range ips {
+			ip = ip.Unmap()
+			v6 := ip.Is6()
+			k := MapKey{Addr: ip, Protocol: r.proto, Port: sp.Port}
+			some := r.hasFamily(cluster, v6)
+			if some {
+				add(pick(v6, mapServiceIPs, mapServiceIPs6), k, Goto(externalChain))
+			}
+			if !r.hasFamily(externalEps, v6) {
+				add(pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k, noEndpoints(some))
+			}
+		}
+	}
+	if sp.NodePort != 0 {
+		k := MapKey{Protocol: r.proto, Port: sp.NodePort}
+		if len(cluster) > 0 {
+			add(mapServiceNodePorts, k, Goto(externalChain))
+		}
+		if len(externalEps) == 0 {
+			add(mapNoEndpointNodePorts, k, noEndpoints(len(cluster) > 0))
+		}
+	}
+}
+
+func pick(v6 bool, v4map, v6map mapID) mapID {
+	if v6 {
+		return v6map
+	}
+	return v4map
+}
+
+// indexes returns the positions in all of sub, a subsequence of all (as
+// ServicePort.Usable returns).
+func indexes(all, sub []netproxy.Endpoint) []int {
+	idx := make([]int, 0, len(sub))
+	j := 0
+	for _, e := range sub {
+		for j < len(all) && all[j] != e {
+			j++
+		}
+		if j == len(all) {
+			break
+		}
+		idx = append(idx, j)
+		j++
+	}
+	return idx
+}
+
+// svcRender renders one ServicePort's chains.
+type svcRender struct {
+	key     string
+	sp      *netproxy.ServicePort
+	podCIDR netip.Prefix
+	proto   string
+	base    string   // HASH-ns/svc/proto/port
+	names   []string // endpoint name bases, by index, made on first use
+}
+
+func (r *svcRender) endpointBase(i int) string {
+	if r.names[i] == "" {
+		r.names[i] = hashName(endpointReadable(r.key, r.sp.Endpoints[i]))
+	}
+	return r.names[i]
+}
+
+func (r *svcRender) endpointChainName(i int) string { return prefixEndpoint + r.endpointBase(i) }
+func (r *svcRender) affinitySet(i int) string       { return prefixAffinity + r.endpointBase(i) }
+func (r *svcRender) addr(i int) netip.Addr          { return r.sp.Endpoints[i].Addr.Unmap() }
+func (r *svcRender) is6(i int) bool                 { return r.addr(i).Is6() }
+
+// hasFamily reports whether the endpoints idx hold one of the family.
+func (r *svcRender) hasFamily(idx []int, v6 bool) bool {
+	for _, i := range idx {
+		if r.is6(i) == v6 {
+			return true
+		}
+	}
+	return false
+}
+
+// policyChain balances over the endpoints idx; internal puts the
+// ClusterIP masquerade rules first.
+func (r *svcRender) policyChain(name string, idx []int, internal bool) chainDef {
+	var rules []Rule
+	if internal {
+		for _, ip := range r.sp.ClusterIPs {
+			ip = ip.Unmap()
+			stmts := []Stmt{MatchAddr{Dst: true, Prefix: netip.PrefixFrom(ip, ip.BitLen())}}
+			if r.podCIDR.Addr().Is6() == ip.Is6() {
+				stmts = append(stmts, MatchAddr{Not: true, Prefix: r.podCIDR})
+			}
+			rules = append(rules, Rule{Stmts: append(stmts, VerdictStmt{Jump(chainMarkMasq)})})
+		}
+	}
+	if r.sp.AffinityTimeout > 0 {
+		for _, i := range idx {
+			rules = append(rules, Rule{Stmts: []Stmt{
+				SetLookup{Set: r.affinitySet(i), V6: r.is6(i)},
+				VerdictStmt{Goto(r.endpointChainName(i))},
+			}})
+		}
+	}
+	for _, v6 := range []bool{false, true} {
+		var chains []string
+		for _, i := range idx {
+			if r.is6(i) == v6 {
+				chains = append(chains, r.endpointChainName(i))
+			}
+		}
+		if len(chains) > 0 {
+			rules = append(rules, Rule{Stmts: []Stmt{MatchFamily{V6: v6}, Numgen{Chains: chains}}})
+		}
+	}
+	return chainDef{Chain: Chain{Name: name}, rules: rules}
+}
+
+// externalChain is where NodePort, external and load-balancer traffic
+// goes first.
+func (r *svcRender) externalChain(name, serviceChain, localChain string, hasLocal bool) chainDef {
+	markMasq := VerdictStmt{Jump(chainMarkMasq)}
+	toService := VerdictStmt{Goto(serviceChain)}
+	if !r.sp.ExternalLocal {
+		return chainDef{Chain: Chain{Name: name}, rules: []Rule{
+			{Stmts: []Stmt{markMasq}},
+			{Stmts: []Stmt{toService}},
+		}}
+	}
+	fromNode := MatchAddrType{}
+	rules := []Rule{
+		// Pods reach the Service as if through an outside load balancer,
+		// whose policy does not apply to them.
+		{Stmts: []Stmt{MatchAddr{Prefix: r.podCIDR}, toService}},
+		// The node itself uses the (local) destination as its source:
+		// masquerade it, or the reply would never leave the endpoint's pod.
+		{Stmts: []Stmt{fromNode, markMasq}},
+		{Stmts: []Stmt{fromNode, toService}},
+	}
+	if hasLocal {
+		rules = append(rules, Rule{Stmts: []Stmt{VerdictStmt{Goto(localChain)}}})
+	}
+	return chainDef{Chain: Chain{Name: name}, rules: rules}
+}
+
+// endpointChain DNATs to endpoint i.
+func (r *svcRender) endpointChain(i int) chainDef {
+	ip := r.addr(i)
+	rules := []Rule{{Stmts: []Stmt{
+		MatchAddr{Prefix: netip.PrefixFrom(ip, ip.BitLen())},
+		VerdictStmt{Jump(chainMarkMasq)},
+	}}}
+	if r.sp.AffinityTimeout > 0 {
+		rules = append(rules, Rule{Stmts: []Stmt{SetUpdate{Set: r.affinitySet(i), V6: ip.Is6()}}})
+	}
+	rules = append(rules, Rule{Stmts: []Stmt{
+		MatchProtoPort{Protocol: r.proto},
+		DNAT{Addr: ip, Port: r.sp.Endpoints[i].Port},
+	}})
+	return chainDef{Chain: Chain{Name: r.endpointChainName(i)}, rules: rules}
+}

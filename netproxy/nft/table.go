@@ -1,0 +1,864 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/outpost-edge/outpost/netproxy"
+)
+
+// The outpost table's layout (family inet), after kube-proxy's nftables
+// mode. Every chain, map and set name is here.
+//
+//	filter-input, filter-forward, filter-output (filter, priority -110)
+//	    jump service-endpoints-check; jump nodeport-endpoints-check
+//	nat-prerouting (nat, -100)   fib daddr type local jump hostports; jump services
+//	nat-output (nat, -100)       the same, but not for loopback destinations
+//	nat-postrouting (nat, 100)   jump masquerading; hairpin hostPort and pod egress masquerade
+//	services                     daddr . proto . dport vmap @service-ips(6);
+//	                             local daddr: proto . dport vmap @service-nodeports
+//	service-endpoints-check      daddr . proto . dport vmap @no-endpoint-services(6)
+//	nodeport-endpoints-check     local daddr: proto . dport vmap @no-endpoint-nodeports
+//	mark-for-masquerade, masquerading, reject-chain, hostports
+//	service-/local-/external-HASH-ns/svc/proto/port, endpoint-HASH-…__ip/port
+//	affinity-HASH-…__ip/port (sets)
+//
+// The filter chains run at priority -110 (kube-proxy's "dstnat - 10") so
+// that they see the destination before DNAT in output; in input and
+// forward the nat prerouting chain has run already, so a packet that was
+// DNATed to an endpoint no longer matches the no-endpoint maps.
+
+// Base chains, named type-hook.
+const (
+	filterInput    = "filter-input"
+	filterForward  = "filter-forward"
+	filterOutput   = "filter-output"
+	natPrerouting  = "nat-prerouting"
+	natOutput      = "nat-output"
+	natPostrouting = "nat-postrouting"
+)
+
+// Base chain priorities, numeric (see Base).
+const (
+	priorityFilter = -110 // before dstnat (-100), as kube-proxy's "dstnat - 10"
+	priorityDNAT   = -100
+	prioritySNAT   = 100
+)
+
+// Regular chains with fixed names.
+const (
+	chainServices               = "services"
+	chainHostPorts              = "hostports"
+	chainMarkMasq               = "mark-for-masquerade"
+	chainMasquerading           = "masquerading"
+	chainReject                 = "reject-chain"
+	chainServiceEndpointsCheck  = "service-endpoints-check"
+	chainNodePortEndpointsCheck = "nodeport-endpoints-check"
+)
+
+// Verdict maps.
+const (
+	mapNameServiceIPs          = "service-ips"
+	mapNameServiceIPs6         = "service-ips6"
+	mapNameServiceNodePorts    = "service-nodeports"
+	mapNameNoEndpointServices  = "no-endpoint-services"
+	mapNameNoEndpointServices6 = "no-endpoint-services6"
+	mapNameNoEndpointNodePorts = "no-endpoint-nodeports"
+)
+
+// Name prefixes of per-ServicePort chains and sets, followed by
+// HASH-ns/svc/proto/port: such a name always holds a "/", which no fixed
+// name does, so the two never collide. (A full sync deletes whatever it
+// does not want, whatever its name.)
+const (
+	prefixService  = "service-"  // cluster-wide endpoints
+	prefixLocal    = "local-"    // this node's endpoints
+	prefixExternal = "external-" // NodePort, external and load-balancer IPs
+	prefixEndpoint = "endpoint-" // one endpoint: hairpin mark, affinity, DNAT
+	prefixAffinity = "affinity-" // set of clients stuck to one endpoint
+)
+
+// masqBit is the packet mark bit that asks masquerading to masquerade.
+const masqBit = 0x4000
+
+// mapID indexes tableMaps.
+type mapID uint8
+
+const (
+	mapServiceIPs mapID = iota
+	mapServiceIPs6
+	mapServiceNodePorts
+	mapNoEndpointServices
+	mapNoEndpointServices6
+	mapNoEndpointNodePorts
+	numMaps
+)
+
+var tableMaps = [numMaps]Map{
+	mapServiceIPs:          {Name: mapNameServiceIPs, Key: KeyAddr4ProtoPort},
+	mapServiceIPs6:         {Name: mapNameServiceIPs6, Key: KeyAddr6ProtoPort},
+	mapServiceNodePorts:    {Name: mapNameServiceNodePorts, Key: KeyProtoPort},
+	mapNoEndpointServices:  {Name: mapNameNoEndpointServices, Key: KeyAddr4ProtoPort},
+	mapNoEndpointServices6: {Name: mapNameNoEndpointServices6, Key: KeyAddr6ProtoPort},
+	mapNoEndpointNodePorts: {Name: mapNameNoEndpointNodePorts, Key: KeyProtoPort},
+}
+
+var (
+	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
+	loopback6 = netip.MustParsePrefix("::1/128")
+)
+
+// State is everything the outpost table holds.
+type State struct {
+	// PodCIDR is the node's pod range: traffic from it to anywhere
+	// outside it is masqueraded, and traffic from outside it to a
+	// ClusterIP is masqueraded (it may come back through another node).
+	PodCIDR netip.Prefix
+	// HostPorts are DNATed from the node's addresses to their pods, with
+	// hairpin masquerade for pods reaching a hostPort.
+	HostPorts []HostPort
+	// Services are the ServicePorts to proxy. Two with the same String()
+	// keep the first.
+	Services []netproxy.ServicePort
+}
+
+// Table keeps the outpost table equal to a State, applying only
+// differences. It holds the last applied State (compactly: the
+// ServicePorts themselves, from which their rules are rendered again when
+// they change) and, after a failed apply, syncs in full.
+type Table struct {
+	rs Ruleset
+
+	mu        sync.Mutex
+	full      bool // the next Sync is full
+	podCIDR   netip.Prefix
+	hostPorts []HostPort
+	services  map[string]*svcEntry // by ServicePort.String()
+	elems     map[elemID]claims    // map elements and who wants them
+	gen       uint64               // Sync generation, to find services gone
+	keyBuf    []byte
+	chains    int // chain and rule totals, for Counts
+	rules     int
+}
+
+// svcEntry is one applied ServicePort.
+type svcEntry struct {
+	key string
+	sp  netproxy.ServicePort // a copy: the caller's slices are not kept
+	gen uint64
+}
+
+// NewTable returns a Table that applies changes through rs. It does not
+// touch rs: the first Sync does.
+func NewTable(rs Ruleset) *Table {
+	return &Table{rs: rs, full: true}
+}
+
+// Resync makes the next Sync full (after a configuration change, or to
+// repair a table someone else changed).
+func (t *Table) Resync() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.full = true
+}
+
+// Counts returns the number of chains, rules and map elements the table
+// holds as last applied.
+func (t *Table) Counts() (chains, rules, elements int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.chains, t.rules, len(t.elems)
+}
+
+// Sync makes the table hold s. The first call, a call after a failed
+// apply or after Resync, and a call with another PodCIDR sync in full: one
+// Tx that flushes every chain of the table, deletes its maps, its base
+// chains and every chain and set not wanted, and adds everything wanted
+// (keeping wanted affinity sets, whose contents are session state). Every other call
+// applies one Tx holding only the difference from the last applied state,
+// whose size depends on what changed, not on how many services there are.
+// Sync returns the number of ops applied; nothing is applied when s is
+// invalid.
+func (t *Table) Sync(s State) (ops int, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !s.PodCIDR.IsValid() {
+		return 0, fmt.Errorf("sync table %s: pod CIDR is not set", netproxy.TableName)
+	}
+	if s.PodCIDR.Masked() != s.PodCIDR {
+		return 0, fmt.Errorf("sync table %s: pod CIDR %s: not a network address (want %s)", netproxy.TableName, s.PodCIDR, s.PodCIDR.Masked())
+	}
+	hostPorts, err := normalize(s.HostPorts)
+	if err != nil {
+		return 0, fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+	}
+	if t.full || s.PodCIDR != t.podCIDR {
+		ops, err = t.syncFull(s.PodCIDR, hostPorts, s.Services)
+	} else {
+		ops, err = t.syncDiff(hostPorts, s.Services)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+	}
+	return ops, nil
+}
+
+// objects are the named things one unit (a ServicePort, or the fixed
+// part of the table) wants.
+type objects struct {
+	chains []chainDef
+	sets   []AddrSet
+	elems  []elem
+}
+
+type chainDef struct {
+	Chain
+	rules []Rule
+}
+
+type elem struct {
+	key elemID
+	v   Verdict
+}
+
+type elemID struct {
+	m mapID
+	k MapKey
+}
+
+// claim is one ServicePort's wish for a map element. Two ServicePorts may
+// want the same key (an external IP shared by two Services): the lowest
+// ServicePort name wins, whatever the order they came in.
+type claim struct {
+	svc string
+	v   Verdict
+}
+
+// claims are the claims on one key, sorted by svc; first is the one in
+// the table. The zero value is no claim.
+type claims struct {
+	first claim
+	rest  []claim
+}
+
+func (c claims) empty() bool { return c.first.svc == "" }
+
+func (c claims) with(n claim) claims {
+	if c.empty() {
+		return claims{first: n}
+	}
+	all := append([]claim{c.first}, c.rest...)
+	i, _ := slices.BinarySearchFunc(all, n.svc, func(a claim, svc string) int { return strings.Compare(a.svc, svc) })
+	all = slices.Insert(all, i, n)
+	return claims{first: all[0], rest: all[1:]}
+}
+
+func (c claims) without(svc string) claims {
+	if c.first.svc == svc {
+		if len(c.rest) == 0 {
+			return claims{}
+		}
+		return claims{first: c.rest[0], rest: c.rest[1:]}
+	}
+	rest := slices.DeleteFunc(slices.Clone(c.rest), func(a claim) bool { return a.svc == svc })
+	if len(rest) == 0 {
+		rest = nil
+	}
+	return claims{first: c.first, rest: rest}
+}
+
+// syncFull renders everything and replaces the table's contents in one Tx.
+func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
+	t.full = true
+	entries := make(map[string]*svcEntry, len(services))
+	keys := make([]string, 0, len(services))
+	for i := range services {
+		sp := &services[i]
+		t.keyBuf = appendKey(t.keyBuf[:0], sp)
+		if _, dup := entries[string(t.keyBuf)]; dup {
+			continue
+		}
+		if err := checkServicePort(sp); err != nil {
+			return 0, err
+		}
+		k := string(t.keyBuf)
+		entries[k] = &svcEntry{key: k, sp: *sp}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+
+	cont, err := t.rs.List()
+	if err != nil {
+		return 0, fmt.Errorf("list: %w", err)
+	}
+	existingSets := make(map[string]bool, len(cont.Sets))
+	for _, s := range cont.Sets {
+		existingSets[s] = true
+	}
+
+	var o objects
+	o.chains = renderFixed(podCIDR, hostPorts)
+	var recreate []string // existing affinity sets whose timeout changes
+	elems := make(map[elemID]claims, len(keys))
+	elemEnd := make([]int, len(keys)) // o.elems[elemEnd[i-1]:elemEnd[i]] are keys[i]'s
+	for i, k := range keys {
+		e := entries[k]
+		s0, el0 := len(o.sets), len(o.elems)
+		renderService(k, &e.sp, podCIDR, &o)
+		elemEnd[i] = len(o.elems)
+		for _, el := range o.elems[el0:] {
+			elems[el.key] = elems[el.key].with(claim{svc: k, v: el.v})
+		}
+		if old := t.services[k]; old != nil && old.sp.AffinityTimeout != e.sp.AffinityTimeout {
+			for _, s := range o.sets[s0:] {
+				if existingSets[s.Name] {
+					recreate = append(recreate, s.Name)
+				}
+			}
+		}
+	}
+
+	nRules := 0
+	for _, c := range o.chains {
+		nRules += len(c.rules)
+	}
+	// Sized up front: a cold sync of 10,000 services is ~200,000 ops.
+	tx := &Tx{Ops: make([]Op, 0, 2*len(cont.Chains)+len(cont.Maps)+len(cont.Sets)+len(recreate)+
+		len(tableMaps)+len(o.sets)+len(o.chains)+nRules+len(o.elems))}
+	for _, c := range cont.Chains {
+		tx.FlushChain(c)
+	}
+	for _, m := range cont.Maps {
+		tx.DelMap(Map{Name: m})
+	}
+	// Base chains are deleted and added again, in case one exists with
+	// another hook or priority (nothing can jump to them, so they go
+	// once flushed).
+	wanted := make(map[string]bool, len(o.chains)+len(o.sets))
+	for _, c := range o.chains {
+		wanted[c.Name] = c.Base == nil
+	}
+	for _, s := range o.sets {
+		wanted[s.Name] = true
+	}
+	for _, c := range cont.Chains {
+		if !wanted[c] {
+			tx.DelChain(c)
+		}
+	}
+	for _, s := range cont.Sets {
+		if !wanted[s] {
+			tx.DelSet(AddrSet{Name: s})
+		}
+	}
+	for _, s := range recreate {
+		tx.DelSet(AddrSet{Name: s})
+	}
+	for _, m := range tableMaps {
+		tx.AddMap(m)
+	}
+	for _, s := range o.sets {
+		tx.AddSet(s)
+	}
+	for _, c := range o.chains {
+		tx.AddChain(c.Chain)
+	}
+	for _, c := range o.chains {
+		addRules(tx, c.Name, c.rules)
+	}
+	start := 0
+	for i, k := range keys {
+		// Each element once, from the claim that won it.
+		for _, el := range o.elems[start:elemEnd[i]] {
+			if elems[el.key].first.svc == k {
+				tx.AddElem(tableMaps[el.key.m], el.key.k, el.v)
+			}
+		}
+		start = elemEnd[i]
+	}
+
+	if err := t.rs.Apply(tx); err != nil {
+		return 0, fmt.Errorf("apply full sync (%d ops): %w", len(tx.Ops), err)
+	}
+	for _, e := range entries {
+		e.sp = cloneServicePort(&e.sp)
+		e.gen = t.gen
+	}
+	t.full = false
+	t.podCIDR = podCIDR
+	t.hostPorts = hostPorts
+	t.services = entries
+	t.elems = elems
+	t.chains = len(o.chains)
+	t.rules = nRules
+	return len(tx.Ops), nil
+}
+
+// addRules appends OpAddRule for each of rules.
+func addRules(tx *Tx, chain string, rules []Rule) {
+	for _, r := range rules {
+		tx.Ops = append(tx.Ops, Op{Kind: OpAddRule, Chain: Chain{Name: chain}, Rule: r})
+	}
+}
+
+// delta collects an incremental Tx in the order it is applied.
+type delta struct {
+	addSets     []AddrSet
+	addChains   []chainDef // new: added empty, then filled
+	changed     []chainDef // flushed and refilled
+	recreate    []AddrSet  // sets whose timeout changed: deleted and added again
+	delChains   []string
+	delSets     []AddrSet
+	dChains     int
+	dRules      int
+	next        map[elemID]claims // claims after the change, for touched keys
+	touched     []elemID
+	touchedFrom map[elemID]claim // the element in the table before
+}
+
+// unit diffs one unit's objects, before and after (either may be empty);
+// applied are the map elements' claims before the Tx.
+func (d *delta) unit(svc string, old, cur *objects, applied map[elemID]claims) {
+	oldChains := make(map[string]*chainDef, len(old.chains))
+	for i := range old.chains {
+		oldChains[old.chains[i].Name] = &old.chains[i]
+	}
+	oldSets := make(map[string]AddrSet, len(old.sets))
+	for _, s := range old.sets {
+		oldSets[s.Name] = s
+	}
+	recreated := false
+	curSets := make(map[string]bool, len(cur.sets))
+	for _, s := range cur.sets {
+		curSets[s.Name] = true
+		os, ok := oldSets[s.Name]
+		switch {
+		case !ok:
+			d.addSets = append(d.addSets, s)
+		case os != s:
+			d.recreate = append(d.recreate, s)
+			recreated = true
+		}
+	}
+	for _, s := range old.sets {
+		if !curSets[s.Name] {
+			d.delSets = append(d.delSets, s)
+		}
+	}
+	curChains := make(map[string]bool, len(cur.chains))
+	for _, c := range cur.chains {
+		curChains[c.Name] = true
+		oc := oldChains[c.Name]
+		switch {
+		case oc == nil:
+			d.addChains = append(d.addChains, c)
+		case recreated || !sameRules(oc.rules, c.rules):
+			// A re-created set must not be referenced when it is deleted:
+			// refill every chain of the unit.
+			d.changed = append(d.changed, c)
+		}
+		d.dRules += len(c.rules)
+	}
+	for _, c := range old.chains {
+		if !curChains[c.Name] {
+			d.delChains = append(d.delChains, c.Name)
+		}
+		d.dRules -= len(c.rules)
+	}
+	d.dChains += len(cur.chains) - len(old.chains)
+	if svc == "" {
+		return
+	}
+	for _, el := range old.elems {
+		d.touch(applied, el.key)
+		d.next[el.key] = d.next[el.key].without(svc)
+	}
+	for _, el := range cur.elems {
+		d.touch(applied, el.key)
+		d.next[el.key] = d.next[el.key].with(claim{svc: svc, v: el.v})
+	}
+}
+
+// syncDiff applies the difference between the last applied state and
+// (hostPorts, services) with the same pod CIDR.
+func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
+	t.gen++
+	type change struct {
+		key string
+		old *svcEntry
+		cur *netproxy.ServicePort
+	}
+	var changes []change
+	var added map[string]bool
+	for i := range services {
+		sp := &services[i]
+		t.keyBuf = appendKey(t.keyBuf[:0], sp)
+		if e := t.services[string(t.keyBuf)]; e != nil {
+			if e.gen == t.gen {
+				continue // a duplicate: the first one counts
+			}
+			e.gen = t.gen
+			if equalServicePort(&e.sp, sp) {
+				continue
+			}
+			if err := checkServicePort(sp); err != nil {
+				return 0, err
+			}
+			changes = append(changes, change{e.key, e, sp})
+			continue
+		}
+		if added[string(t.keyBuf)] {
+			continue
+		}
+		if err := checkServicePort(sp); err != nil {
+			return 0, err
+		}
+		if added == nil {
+			added = map[string]bool{}
+		}
+		k := string(t.keyBuf)
+		added[k] = true
+		changes = append(changes, change{k, nil, sp})
+	}
+	for k, e := range t.services {
+		if e.gen != t.gen {
+			changes = append(changes, change{k, e, nil})
+		}
+	}
+	fixedChanged := !slices.Equal(hostPorts, t.hostPorts)
+	if len(changes) == 0 && !fixedChanged {
+		return 0, nil
+	}
+	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.key, b.key) })
+
+	d := &delta{next: map[elemID]claims{}}
+	if fixedChanged {
+		old := objects{chains: renderFixed(t.podCIDR, t.hostPorts)}
+		cur := objects{chains: renderFixed(t.podCIDR, hostPorts)}
+		d.unit("", &old, &cur, t.elems)
+	}
+	for _, ch := range changes {
+		var old, cur objects
+		if ch.old != nil {
+			renderService(ch.key, &ch.old.sp, t.podCIDR, &old)
+		}
+		if ch.cur != nil {
+			renderService(ch.key, ch.cur, t.podCIDR, &cur)
+		}
+		d.unit(ch.key, &old, &cur, t.elems)
+	}
+	tx := d.tx()
+	if len(tx.Ops) > 0 {
+		if err := t.rs.Apply(tx); err != nil {
+			t.full = true
+			return 0, fmt.Errorf("apply %d changes (%d ops): %w", len(changes), len(tx.Ops), err)
+		}
+	}
+	t.commitDiff(hostPorts, d)
+	for _, ch := range changes {
+		t.commitService(ch.key, ch.old, ch.cur)
+	}
+	return len(tx.Ops), nil
+}
+
+// touch records the claims on k before the change, once.
+func (d *delta) touch(applied map[elemID]claims, k elemID) {
+	if _, ok := d.next[k]; ok {
+		return
+	}
+	if d.touchedFrom == nil {
+		d.touchedFrom = map[elemID]claim{}
+	}
+	c := applied[k]
+	d.next[k] = c
+	d.touchedFrom[k] = c.first
+	d.touched = append(d.touched, k)
+}
+
+// tx orders the delta's ops: add new sets and chains (empty); flush
+// changed chains; re-create sets whose timeout changed (once no rule uses
+// them); fill new and changed chains; add map elements (a changed verdict
+// is delete then add); delete stale elements; flush removed chains; delete
+// removed chains and sets.
+func (d *delta) tx() *Tx {
+	tx := &Tx{}
+	for _, s := range d.addSets {
+		tx.AddSet(s)
+	}
+	for _, c := range d.addChains {
+		tx.AddChain(c.Chain)
+	}
+	for _, c := range d.changed {
+		tx.FlushChain(c.Name)
+	}
+	flushedRemoved := false
+	if len(d.recreate) > 0 {
+		// A set is deleted only when no rule uses it: empty the chains
+		// going away before, and fill the new ones after.
+		for _, c := range d.delChains {
+			tx.FlushChain(c)
+		}
+		flushedRemoved = true
+		for _, s := range d.recreate {
+			tx.DelSet(s)
+			tx.AddSet(s)
+		}
+	}
+	for _, c := range d.addChains {
+		addRules(tx, c.Name, c.rules)
+	}
+	for _, c := range d.changed {
+		addRules(tx, c.Name, c.rules)
+	}
+	for _, k := range d.touched {
+		before, after := d.touchedFrom[k], d.next[k].first
+		if after.svc == "" {
+			continue
+		}
+		if before.svc != "" {
+			if before.v == after.v {
+				continue
+			}
+			tx.DelElem(tableMaps[k.m], k.k)
+		}
+		tx.AddElem(tableMaps[k.m], k.k, after.v)
+	}
+	for _, k := range d.touched {
+		if d.touchedFrom[k].svc != "" && d.next[k].empty() {
+			tx.DelElem(tableMaps[k.m], k.k)
+		}
+	}
+	if !flushedRemoved {
+		for _, c := range d.delChains {
+			tx.FlushChain(c)
+		}
+	}
+	for _, c := range d.delChains {
+		tx.DelChain(c)
+	}
+	for _, s := range d.delSets {
+		tx.DelSet(s)
+	}
+	return tx
+}
+
+// commitDiff records an applied delta's fixed part and elements.
+func (t *Table) commitDiff(hostPorts []HostPort, d *delta) {
+	t.hostPorts = hostPorts
+	for _, k := range d.touched {
+		if c := d.next[k]; c.empty() {
+			delete(t.elems, k)
+		} else {
+			t.elems[k] = c
+		}
+	}
+	t.chains += d.dChains
+	t.rules += d.dRules
+}
+
+// commitService records an applied change of one ServicePort.
+func (t *Table) commitService(key string, old *svcEntry, cur *netproxy.ServicePort) {
+	switch {
+	case cur == nil:
+		delete(t.services, key)
+	case old == nil:
+		t.services[key] = &svcEntry{key: key, sp: cloneServicePort(cur), gen: t.gen}
+	default:
+		old.sp = cloneServicePort(cur)
+	}
+}
+
+// sameRules reports whether two rule lists print the same.
+func sameRules(a, b []Rule) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].String() != b[i].String() {
+			return false
+		}
+	}
+	return true
+}
+
+// renderFixed renders the chains that do not belong to one ServicePort.
+func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
+	jump := func(c string) Stmt { return VerdictStmt{Jump(c)} }
+	rule := func(stmts ...Stmt) Rule { return Rule{Stmts: stmts} }
+	base := func(name string, typ ChainType, hook Hook, prio int32, rules ...Rule) chainDef {
+		return chainDef{Chain: Chain{Name: name, Base: &Base{Type: typ, Hook: hook, Priority: prio}}, rules: rules}
+	}
+	regular := func(name string, rules ...Rule) chainDef {
+		return chainDef{Chain: Chain{Name: name}, rules: rules}
+	}
+	local := MatchAddrType{Dst: true}
+	notLoopback4 := MatchAddr{Dst: true, Not: true, Prefix: loopback4}
+	notLoopback6 := MatchAddr{Dst: true, Not: true, Prefix: loopback6}
+	endpointChecks := []Rule{rule(jump(chainServiceEndpointsCheck)), rule(jump(chainNodePortEndpointsCheck))}
+	lookup := func(m mapID) MapLookup { return MapLookup{Map: tableMaps[m].Name, Key: tableMaps[m].Key} }
+
+	post := []Rule{rule(jump(chainMasquerading))}
+	hp := make([]Rule, 0, len(hostPorts))
+	for _, h := range hostPorts {
+		post = append(post, hairpinRule(podCIDR, h))
+		hp = append(hp, hostPortRule(h))
+	}
+	post = append(post, rule(
+		MatchAddr{Prefix: podCIDR},
+		MatchAddr{Dst: true, Not: true, Prefix: podCIDR},
+		Masquerade{FullyRandom: true},
+	))
+
+	return []chainDef{
+		base(filterInput, ChainTypeFilter, HookInput, priorityFilter, endpointChecks...),
+		base(filterForward, ChainTypeFilter, HookForward, priorityFilter, endpointChecks...),
+		base(filterOutput, ChainTypeFilter, HookOutput, priorityFilter, endpointChecks...),
+		base(natPrerouting, ChainTypeNAT, HookPrerouting, priorityDNAT,
+			rule(local, jump(chainHostPorts)),
+			rule(jump(chainServices)),
+		),
+		base(natOutput, ChainTypeNAT, HookOutput, priorityDNAT,
+			rule(local, notLoopback4, jump(chainHostPorts)),
+			rule(local, notLoopback6, jump(chainHostPorts)),
+			rule(jump(chainServices)),
+		),
+		base(natPostrouting, ChainTypeNAT, HookPostrouting, prioritySNAT, post...),
+		regular(chainServices,
+			rule(lookup(mapServiceIPs)),
+			rule(lookup(mapServiceIPs6)),
+			rule(local, notLoopback4, lookup(mapServiceNodePorts)),
+			rule(local, notLoopback6, lookup(mapServiceNodePorts)),
+		),
+		regular(chainServiceEndpointsCheck,
+			rule(lookup(mapNoEndpointServices)),
+			rule(lookup(mapNoEndpointServices6)),
+		),
+		regular(chainNodePortEndpointsCheck,
+			rule(local, notLoopback4, lookup(mapNoEndpointNodePorts)),
+			rule(local, notLoopback6, lookup(mapNoEndpointNodePorts)),
+		),
+		regular(chainMarkMasq, rule(SetMark{Bit: masqBit})),
+		regular(chainMasquerading,
+			rule(MatchMark{Bit: masqBit}, VerdictStmt{Verdict{Kind: VerdictReturn}}),
+			rule(SetMark{Bit: masqBit, Xor: true}),
+			rule(Masquerade{FullyRandom: true}),
+		),
+		regular(chainReject, rule(Reject{})),
+		regular(chainHostPorts, hp...),
+	}
+}
+
+// hostPortRule is `[meta nfproto ipvX | ip daddr <hostIP>] <proto> dport
+// <hostPort> dnat to <podIP>:<containerPort>`; the jump to hostports
+// checks the destination is local (and, in output, not loopback).
+func hostPortRule(h HostPort) Rule {
+	var stmts []Stmt
+	if h.HostIP.IsValid() {
+		stmts = append(stmts, MatchAddr{Dst: true, Prefix: netip.PrefixFrom(h.HostIP, h.HostIP.BitLen())})
+	} else {
+		stmts = append(stmts, MatchFamily{V6: h.PodIP.Is6()})
+	}
+	return Rule{Stmts: append(stmts,
+		MatchProtoPort{Protocol: h.Protocol, Port: h.HostPort},
+		DNAT{Addr: h.PodIP, Port: h.ContainerPort},
+	)}
+}
+
+// hairpinRule masquerades pods reaching a hostPort (see hairpinMasq in
+// nat.go for why): `ip saddr <podCIDR> ip daddr <podIP> <proto> dport
+// <containerPort> ct status dnat masquerade`; for a pod of the other
+// family than the pod CIDR, the pod itself stands for the CIDR.
+func hairpinRule(podCIDR netip.Prefix, h HostPort) Rule {
+	pod := netip.PrefixFrom(h.PodIP, h.PodIP.BitLen())
+	src := podCIDR
+	if podCIDR.Addr().Is4() != h.PodIP.Is4() {
+		src = pod
+	}
+	return Rule{Stmts: []Stmt{
+		MatchAddr{Prefix: src},
+		MatchAddr{Dst: true, Prefix: pod},
+		MatchProtoPort{Protocol: h.Protocol, Port: h.ContainerPort},
+		MatchDNATed{},
+		Masquerade{},
+	}}
+}
+
+// appendKey appends sp.String() to b without allocating.
+func appendKey(b []byte, sp *netproxy.ServicePort) []byte {
+	b = append(b, sp.Namespace...)
+	b = append(b, '/')
+	b = append(b, sp.Name...)
+	b = append(b, '/')
+	for i := 0; i < len(sp.Protocol); i++ {
+		c := sp.Protocol[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	b = append(b, '/')
+	if sp.PortName != "" {
+		return append(b, sp.PortName...)
+	}
+	return strconv.AppendUint(b, uint64(sp.Port), 10)
+}
+
+// equalServicePort reports whether a and b render the same.
+func equalServicePort(a, b *netproxy.ServicePort) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && a.PortName == b.PortName &&
+		a.Protocol == b.Protocol && a.Port == b.Port && a.NodePort == b.NodePort &&
+		a.AffinityTimeout == b.AffinityTimeout &&
+		a.InternalLocal == b.InternalLocal && a.ExternalLocal == b.ExternalLocal &&
+		slices.Equal(a.ClusterIPs, b.ClusterIPs) &&
+		slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
+		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		slices.Equal(a.Endpoints, b.Endpoints)
+}
+
+// cloneServicePort copies sp and its slices, so the caller may reuse
+// theirs.
+func cloneServicePort(sp *netproxy.ServicePort) netproxy.ServicePort {
+	c := *sp
+	c.ClusterIPs = slices.Clip(slices.Clone(sp.ClusterIPs))
+	c.ExternalIPs = slices.Clip(slices.Clone(sp.ExternalIPs))
+	c.LoadBalancerIPs = slices.Clip(slices.Clone(sp.LoadBalancerIPs))
+	c.Endpoints = slices.Clip(slices.Clone(sp.Endpoints))
+	return c
+}
+
+// checkServicePort reports what makes sp impossible to render.
+func checkServicePort(sp *netproxy.ServicePort) error {
+	if canonicalProtocol(sp.Protocol) == "" {
+		return fmt.Errorf("service port %s: protocol %q: want TCP, UDP or SCTP", sp, sp.Protocol)
+	}
+	if sp.Port == 0 {
+		return fmt.Errorf("service port %s: port is not set", sp)
+	}
+	for _, ips := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, a := range ips {
+			if !a.IsValid() {
+				return fmt.Errorf("service port %s: an address is not set", sp)
+			}
+		}
+	}
+	for _, e := range sp.Endpoints {
+		if !e.Addr.IsValid() || e.Port == 0 {
+			return fmt.Errorf("service port %s: endpoint %s: address and port must be set", sp, netip.AddrPortFrom(e.Addr, e.Port))
+		}
+	}
+	return nil
+}
+
+// canonicalProtocol returns TCP, UDP or SCTP for p in any case, or "".
+func canonicalProtocol(p string) string {
+	for _, c := range []string{"TCP", "UDP", "SCTP"} {
+		if strings.EqualFold(p, c) {
+			return c
+		}
+	}
+	return ""
+}
