@@ -216,3 +216,13 @@ func (a *Agent) handler() http.Handler {
 	})
 	return mux
 }
+
+// PodViews returns the pods the agent runs, by UID, as it last saw them. A
+// pod whose worker has not computed a status since the agent started has
+// an empty Status.Phase.
+func (a *Agent) PodViews() map[string]PodView {
+	if a.pods == nil {
+		return nil
+	}
+	return a.pods.views()
+}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -73,6 +74,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	// The agent and the runtime are made below; the Node's facts are
 	// read from them once the sync runs, which is after.
 	var a *agent.Agent
+	var running atomic.Pointer[agent.Agent] // for the proxy, once made
 	var rt *ctrd.Runtime
 	nf := &nodeFacts{cfg: cfg, clk: clk, board: board}
 	ksync, err := newKubeSync(cfg, st, clk, log, nf.facts)
@@ -142,20 +144,23 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			},
 			TeardownVolumes: vols.Teardown,
 		}
-		nw, natLoop, err := newPodNetwork(ctx, cfg, st, log)
+		nw, px, err := newPodNetwork(ctx, cfg, st, acfg.Pods.HostIP, &running, log)
 		if err != nil {
 			return err
 		}
 		deps.Pods.Network = nw
+		// The proxy starts before the pods, so the rules are in place
+		// before any network is needed.
 		loopCtx, stopLoop := context.WithCancel(ctx)
 		loopDone := make(chan struct{})
-		go func() { natLoop(loopCtx); close(loopDone) }()
+		go func() { px.Run(loopCtx); close(loopDone) }()
 		defer func() { stopLoop(); <-loopDone }()
 	}
 	a, err = agent.New(acfg, deps)
 	if err != nil {
 		return err
 	}
+	running.Store(a)
 	if ksync != nil {
 		nf.agent, nf.rt, nf.hostIP = a, rt, acfg.Pods.HostIP
 		if rt != nil {

@@ -5,12 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"reflect"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/podnet"
+	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -24,10 +28,12 @@ func (p podNetwork) Setup(ctx context.Context, uid string) (string, netip.Addr, 
 
 func (p podNetwork) Teardown(ctx context.Context, uid string) error { return p.n.Teardown(ctx, uid) }
 
-// newPodNetwork sets up the bridge and the NAT table (egress masquerade)
-// and returns the pod network with a loop that keeps hostPort rules in
-// step with the store; run the loop until ctx ends.
-func newPodNetwork(ctx context.Context, cfg config.Config, st *store.Store, log *slog.Logger) (agent.PodNetwork, func(context.Context), error) {
+// newPodNetwork sets up the bridge and returns the pod network with the
+// service proxy, which keeps the outpost nftables table (pod egress
+// masquerade, hostPorts, Services) in step with the store; run the proxy
+// until ctx ends. Until the agent is set in ag, the proxy knows no pod's
+// readiness.
+func newPodNetwork(ctx context.Context, cfg config.Config, st *store.Store, hostIP string, ag *atomic.Pointer[agent.Agent], log *slog.Logger) (agent.PodNetwork, *proxy.Proxy, error) {
 	cidr, err := netip.ParsePrefix(cfg.Network.PodCIDR)
 	if err != nil {
 		return nil, nil, fmt.Errorf("network.podCIDR: %w", err)
@@ -39,83 +45,68 @@ func newPodNetwork(ctx context.Context, cfg config.Config, st *store.Store, log 
 	if err := n.EnsureBridge(ctx); err != nil {
 		return nil, nil, fmt.Errorf("pod network: %w", err)
 	}
-	nat, err := nft.NewNAT(nft.NATConfig{PodCIDR: cidr})
+	node, _ := netip.ParseAddr(hostIP)
+	changed, _ := st.Subscribe(store.KindJournal) // readiness changes are journaled
+	px, err := proxy.New(proxy.Config{Node: cfg.NodeName, PodCIDR: cidr}, proxy.Deps{
+		Store:     st,
+		Ruleset:   nft.NewNetlink(0),
+		LocalPods: localPods(st, ag, node),
+		Changed:   changed,
+		Conntrack: podnet.Conntrack{},
+		Log:       log.With("component", "proxy"),
+	})
 	if err != nil {
 		return nil, nil, err
 	}
-	sync := func() ([]nft.HostPort, error) {
-		hps, err := hostPorts(st)
-		if err != nil {
-			return nil, err
-		}
-		return hps, nat.Sync(hps)
-	}
-	if _, err := sync(); err != nil {
-		return nil, nil, fmt.Errorf("pod network nat: %w", err)
-	}
-	loop := func(ctx context.Context) {
-		changes, cancel := st.Subscribe(store.KindPod, store.KindIPAM)
-		defer cancel()
-		var last []nft.HostPort
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-			}
-			hps, err := hostPorts(st)
-			if err != nil {
-				log.Warn("hostPorts", "err", err)
-				continue
-			}
-			if reflect.DeepEqual(hps, last) {
-				continue
-			}
-			if err := nat.Sync(hps); err != nil {
-				log.Warn("sync hostPort rules", "err", err)
-				continue
-			}
-			last = hps
-		}
-	}
-	return podNetwork{n}, loop, nil
+	return podNetwork{n}, px, nil
 }
 
-// hostPorts lists the hostPorts of the desired pods that have an address.
-func hostPorts(st *store.Store) ([]nft.HostPort, error) {
-	alloc, err := st.Allocations()
-	if err != nil {
-		return nil, err
-	}
-	ipOf := map[string]netip.Addr{}
-	for ip, owner := range alloc {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			ipOf[owner] = a
+// localPods gives the proxy this node's pods with the readiness the agent
+// sees now. It is settled once every stored pod has a status computed
+// since the agent started.
+func localPods(st *store.Store, ag *atomic.Pointer[agent.Agent], node netip.Addr) proxy.LocalPods {
+	return func() ([]netproxy.LocalPod, bool) {
+		a := ag.Load()
+		if a == nil {
+			return nil, false
 		}
-	}
-	recs, err := st.Pods().List()
-	if err != nil {
-		return nil, err
-	}
-	var out []nft.HostPort
-	for _, r := range recs {
-		p := r.Object
-		ip, ok := ipOf[string(p.UID)]
-		if !ok || p.Spec.HostNetwork {
-			continue
+		views := a.PodViews()
+		recs, err := st.Pods().List()
+		if err != nil {
+			return nil, false
 		}
-		for _, c := range p.Spec.Containers {
-			for _, port := range c.Ports {
-				if port.HostPort == 0 {
-					continue
-				}
-				hp := nft.HostPort{Protocol: string(port.Protocol), HostPort: uint16(port.HostPort), PodIP: ip, ContainerPort: uint16(port.ContainerPort)}
-				if port.HostIP != "" {
-					hp.HostIP, _ = netip.ParseAddr(port.HostIP)
-				}
-				out = append(out, hp)
+		alloc, err := st.Allocations()
+		if err != nil {
+			return nil, false
+		}
+		ipOf := make(map[string]netip.Addr, len(alloc))
+		for ip, owner := range alloc {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				ipOf[owner] = a
 			}
 		}
+		settled := true
+		out := make([]netproxy.LocalPod, 0, len(recs))
+		for _, r := range recs {
+			v, ok := views[string(r.Object.UID)]
+			if !ok || v.Status.Phase == "" {
+				settled = false
+				continue
+			}
+			lp := netproxy.LocalPod{Pod: v.Pod}
+			switch ip, ok := ipOf[string(r.Object.UID)]; {
+			case v.Pod.Spec.HostNetwork && node.IsValid():
+				lp.IPs = []netip.Addr{node}
+			case ok:
+				lp.IPs = []netip.Addr{ip}
+			}
+			for _, c := range v.Status.Conditions {
+				if c.Type == corev1.PodReady {
+					lp.Ready = c.Status == corev1.ConditionTrue
+				}
+			}
+			out = append(out, lp)
+		}
+		return out, settled
 	}
-	return out, nil
 }

@@ -68,6 +68,8 @@ func newAdmin(t *testing.T, api *env.APIServer) *admin {
 		t.Fatal(err)
 	}
 	a := &admin{t: t, core: coreClient(t, api.Config), coor: coor}
+	// What docs/api.md has an operator apply once per cluster.
+	api.Kubectl(t, "apply", "-f", "../../packaging/rbac.yaml")
 	// No controller manager runs: the ServiceAccount admission plugin
 	// wants the namespace's default service account to exist.
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"}}

@@ -21,8 +21,10 @@ import (
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
-// outpostBin is the binary under test, built once by TestMain as root.
-var outpostBin string
+// outpostBin is the binary under test, built once by TestMain as root;
+// echoBin is the test helper of test/e2e/echo, static, which pods run
+// from a hostPath volume of its directory.
+var outpostBin, echoBin string
 
 func TestMain(m *testing.M) {
 	code := func() int {
@@ -39,6 +41,16 @@ func TestMain(m *testing.M) {
 			build.Stdout, build.Stderr = os.Stderr, os.Stderr
 			if err := build.Run(); err != nil {
 				fmt.Fprintln(os.Stderr, "build outpost:", err)
+				return 1
+			}
+			echoDir := filepath.Join(dir, "echo")
+			echoBin = filepath.Join(echoDir, "echo")
+			build = exec.Command("go", "build", "-o", echoBin, "./test/e2e/echo")
+			build.Dir = "../.."
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			build.Stdout, build.Stderr = os.Stderr, os.Stderr
+			if err := build.Run(); err != nil {
+				fmt.Fprintln(os.Stderr, "build echo:", err)
 				return 1
 			}
 		}

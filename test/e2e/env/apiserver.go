@@ -433,3 +433,22 @@ func (a *APIServer) StartControllerManager(t testing.TB, nodeGrace time.Duration
 		t.Fatalf("kube-controller-manager exited; log:\n%s", tail(p.log, 40))
 	}
 }
+
+// StartEndpointSliceController runs kube-controller-manager against a
+// with only the EndpointSlice controller, which writes the slices of
+// Services with a selector from their pods' addresses and readiness as the
+// node reports them. It is stopped in t's cleanup.
+func (a *APIServer) StartEndpointSliceController(t testing.TB) {
+	t.Helper()
+	bin := lookTool(t, "kube-controller-manager")
+	p := start(t, a.Dir, "kube-controller-manager", bin,
+		"--kubeconfig", a.Kubeconfig,
+		"--controllers", "endpointslice-controller",
+		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
+		"--concurrent-service-endpoint-syncs", "2", "--endpointslice-updates-batch-period", "0s",
+	)
+	time.Sleep(2 * time.Second)
+	if p.exited() {
+		t.Fatalf("kube-controller-manager exited; log:\n%s", tail(p.log, 40))
+	}
+}

@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"slices"
+
+	"github.com/outpost-edge/outpost/netproxy"
+)
+
+// Filter selects UDP conntrack flows.
+type Filter = netproxy.UDPFlowFilter
+
+// Conntrack deletes UDP flows. UDP has no connection to close, so a flow
+// DNATed to an endpoint that has gone would keep sending the client's
+// packets into the void until it times out; a flow recorded while a
+// service had no endpoint would never be DNATed. podnet.Conntrack is the
+// netlink one.
+type Conntrack interface {
+	DeleteUDP(filters []Filter) (deleted int, err error)
+}
+
+// staleFlows returns the filters for the flows that the change from prev
+// to next makes stale: flows to an endpoint that is no longer usable, and
+// flows to a service that had no usable endpoint and now has one.
+func staleFlows(prev, next map[string]udpPort) []Filter {
+	var out []Filter
+	for key, old := range prev {
+		cur := next[key]
+		for _, ep := range old.endpoints {
+			if slices.Contains(cur.endpoints, ep) {
+				continue
+			}
+			for _, d := range old.dests {
+				out = append(out, Filter{OrigDst: d, OrigDstPort: old.port, ReplySrc: ep.Addr()})
+			}
+			if old.nodePort != 0 {
+				out = append(out, Filter{OrigDstPort: old.nodePort, ReplySrc: ep.Addr()})
+			}
+		}
+	}
+	for key, cur := range next {
+		if len(cur.endpoints) == 0 || len(prev[key].endpoints) > 0 {
+			continue
+		}
+		for _, d := range cur.dests {
+			out = append(out, Filter{OrigDst: d, OrigDstPort: cur.port})
+		}
+		if cur.nodePort != 0 {
+			out = append(out, Filter{OrigDstPort: cur.nodePort})
+		}
+	}
+	slices.SortFunc(out, func(a, b Filter) int {
+		if c := a.OrigDst.Compare(b.OrigDst); c != 0 {
+			return c
+		}
+		if a.OrigDstPort != b.OrigDstPort {
+			return int(a.OrigDstPort) - int(b.OrigDstPort)
+		}
+		return a.ReplySrc.Compare(b.ReplySrc)
+	})
+	return slices.Compact(out)
+}
+
+// cleanConntrack deletes the flows the last applied change made stale.
+func (p *Proxy) cleanConntrack(next map[string]udpPort) {
+	p.mu.Lock()
+	prev := p.usable
+	p.usable = next
+	p.mu.Unlock()
+	if p.deps.Conntrack == nil || prev == nil {
+		return
+	}
+	filters := staleFlows(prev, next)
+	if len(filters) == 0 {
+		return
+	}
+	n, err := p.deps.Conntrack.DeleteUDP(filters)
+	if err != nil {
+		p.deps.Log.Warn("delete stale udp flows", "err", err)
+		return
+	}
+	p.deps.Log.Debug("deleted stale udp flows", "flows", n, "filters", len(filters))
+}

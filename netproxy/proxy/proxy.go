@@ -1,0 +1,330 @@
+// Package proxy is outpost's kube-proxy: one loop that reads Services,
+// EndpointSlices, pods and their addresses from the store, together with
+// the readiness of this node's pods as the agent sees it now, builds the
+// service model (netproxy.Build) and keeps the nftables table equal to it
+// (nft.Table), deleting stale UDP conntrack entries when endpoints go.
+//
+// The store is the only source, so the rules are rebuilt after a reboot
+// with no network, and local endpoints follow local readiness probes while
+// the API server is unreachable.
+package proxy
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/store"
+)
+
+// Config says what the proxy programs.
+type Config struct {
+	// Node is this node's name (EndpointSlice endpoints of this node are
+	// local).
+	Node string
+	// PodCIDR is the node's pod range: egress from it is masqueraded,
+	// traffic to ClusterIPs from outside it is masqueraded.
+	PodCIDR netip.Prefix
+	// MinSyncInterval is the least time between two applies, so a burst of
+	// changes becomes one batch; zero means DefaultMinSyncInterval.
+	MinSyncInterval time.Duration
+	// SettleTimeout bounds how long the first sync waits for the agent to
+	// know its pods' readiness when a table from an earlier run is still in
+	// the kernel (an agent restart, not a reboot); zero means
+	// DefaultSettleTimeout.
+	SettleTimeout time.Duration
+}
+
+// Defaults.
+const (
+	DefaultMinSyncInterval = 100 * time.Millisecond
+	DefaultSettleTimeout   = 15 * time.Second
+	// retryInterval is how soon a failed sync is tried again.
+	retryInterval = 2 * time.Second
+)
+
+// LocalPods returns this node's pods with their current readiness, and
+// whether the agent has seen every pod it runs since it started (settled).
+type LocalPods func() (pods []netproxy.LocalPod, settled bool)
+
+// Deps are the proxy's collaborators.
+type Deps struct {
+	Store   *store.Store
+	Ruleset nft.Ruleset
+	// LocalPods gives the readiness of local pods; nil means every pod of
+	// the store that has an address counts as ready.
+	LocalPods LocalPods
+	// Changed, when set, is a channel that receives when LocalPods may
+	// return something new (the agent's readiness changed).
+	Changed <-chan struct{}
+	// Conntrack deletes stale UDP flows; nil skips the cleanup.
+	Conntrack Conntrack
+	// Clock is the time source; nil means the real one.
+	Clock clock.Clock
+	Log   *slog.Logger
+}
+
+// Stats is what the last sync did, for status and metrics.
+type Stats struct {
+	// Syncs and Failures count applies since start.
+	Syncs, Failures int
+	// Last is when the last sync ended; LastDuration how long it took;
+	// LastOps how many nftables operations it applied; LastError is its
+	// error, empty on success.
+	Last         time.Time
+	LastDuration time.Duration
+	LastOps      int
+	LastError    string
+	// Services is the number of service ports programmed; Chains, Rules
+	// and Elements count the table's contents.
+	Services, Chains, Rules, Elements int
+}
+
+// Proxy keeps the table in step with the store.
+type Proxy struct {
+	cfg   Config
+	deps  Deps
+	table *nft.Table
+
+	mu    sync.Mutex
+	stats Stats
+	// usable remembers each UDP service port's usable endpoints as last
+	// applied, to find the flows to delete; nil before the first sync,
+	// when what an earlier run applied is not known.
+	usable map[string]udpPort
+}
+
+// udpPort is what conntrack cleanup needs of one UDP service port.
+type udpPort struct {
+	dests     []netip.Addr // cluster, external and load-balancer IPs
+	port      uint16
+	nodePort  uint16
+	endpoints []netip.AddrPort
+}
+
+// New checks cfg and returns a Proxy; it does not touch the kernel.
+func New(cfg Config, deps Deps) (*Proxy, error) {
+	if cfg.Node == "" {
+		return nil, errors.New("new proxy: node name is not set")
+	}
+	if !cfg.PodCIDR.IsValid() {
+		return nil, errors.New("new proxy: pod CIDR is not set")
+	}
+	if deps.Store == nil || deps.Ruleset == nil {
+		return nil, errors.New("new proxy: store and ruleset are required")
+	}
+	cfg.MinSyncInterval = cmp.Or(cfg.MinSyncInterval, DefaultMinSyncInterval)
+	cfg.SettleTimeout = cmp.Or(cfg.SettleTimeout, DefaultSettleTimeout)
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.Real{}
+	}
+	return &Proxy{cfg: cfg, deps: deps, table: nft.NewTable(deps.Ruleset)}, nil
+}
+
+// Stats returns what the syncs did so far.
+func (p *Proxy) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// Sync reads the store once and applies the difference to the table.
+func (p *Proxy) Sync() error {
+	start := p.deps.Clock.Now()
+	state, udp, nsvc, err := p.state()
+	if err != nil {
+		p.record(start, 0, 0, err)
+		return err
+	}
+	ops, err := p.table.Sync(state)
+	p.record(start, ops, nsvc, err)
+	if err != nil {
+		return fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+	}
+	p.cleanConntrack(udp)
+	return nil
+}
+
+func (p *Proxy) record(start time.Time, ops, nsvc int, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats.Syncs++
+	p.stats.Last = p.deps.Clock.Now()
+	p.stats.LastDuration = p.stats.Last.Sub(start)
+	p.stats.LastOps = ops
+	p.stats.LastError = ""
+	if err != nil {
+		p.stats.Failures++
+		p.stats.LastError = err.Error()
+		return
+	}
+	p.stats.Services = nsvc
+	p.stats.Chains, p.stats.Rules, p.stats.Elements = p.table.Counts()
+}
+
+// Run syncs at start and after every change until ctx ends. When the
+// kernel still holds the table of an earlier run (an agent restart), the
+// first sync waits until the agent knows its pods' readiness, up to
+// SettleTimeout, so a restart never takes ready endpoints out.
+func (p *Proxy) Run(ctx context.Context) {
+	changes, cancel := p.deps.Store.Subscribe(store.KindService, store.KindEndpointSlice, store.KindPod, store.KindIPAM)
+	defer cancel()
+	p.settle(ctx, changes)
+	dirty := true
+	retry := p.deps.Clock.NewTimer(retryInterval)
+	retry.Stop()
+	defer retry.Stop()
+	pause := p.deps.Clock.NewTimer(p.cfg.MinSyncInterval)
+	defer pause.Stop()
+	for {
+		if dirty {
+			dirty = false
+			retry.Stop()
+			if err := p.Sync(); err != nil {
+				p.deps.Log.Warn("sync service rules", "err", err)
+				retry.Reset(retryInterval)
+			}
+			// Coalesce whatever arrives during the pause into the next
+			// sync.
+			pause.Reset(p.cfg.MinSyncInterval)
+			select {
+			case <-ctx.Done():
+				return
+			case <-pause.C():
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+			dirty = true
+		case <-p.deps.Changed:
+			dirty = true
+		case <-retry.C():
+			dirty = true
+		}
+	}
+}
+
+// settle waits before the first sync while an earlier run's table is in
+// the kernel and the agent has not yet seen all its pods.
+func (p *Proxy) settle(ctx context.Context, changes <-chan struct{}) {
+	if p.deps.LocalPods == nil {
+		return
+	}
+	if c, err := p.deps.Ruleset.List(); err != nil || len(c.Chains) == 0 {
+		return // a reboot or a first start: nothing to keep
+	}
+	deadline := p.deps.Clock.NewTimer(p.cfg.SettleTimeout)
+	defer deadline.Stop()
+	tick := p.deps.Clock.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, settled := p.deps.LocalPods(); settled {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C():
+			p.deps.Log.Warn("pod readiness not known yet; syncing service rules anyway", "waited", p.cfg.SettleTimeout)
+			return
+		case <-tick.C():
+		case <-changes:
+		case <-p.deps.Changed:
+		}
+	}
+}
+
+// state reads the store into the table's desired state.
+func (p *Proxy) state() (nft.State, map[string]udpPort, int, error) {
+	st := p.deps.Store
+	svcs, err := st.Services().List()
+	if err != nil {
+		return nft.State{}, nil, 0, fmt.Errorf("read services: %w", err)
+	}
+	eps, err := st.EndpointSlices().List()
+	if err != nil {
+		return nft.State{}, nil, 0, fmt.Errorf("read endpoint slices: %w", err)
+	}
+	pods, err := st.Pods().List()
+	if err != nil {
+		return nft.State{}, nil, 0, fmt.Errorf("read pods: %w", err)
+	}
+	alloc, err := st.Allocations()
+	if err != nil {
+		return nft.State{}, nil, 0, fmt.Errorf("read pod addresses: %w", err)
+	}
+	ipOf := make(map[string]netip.Addr, len(alloc))
+	for ip, owner := range alloc {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			ipOf[owner] = a
+		}
+	}
+	var local []netproxy.LocalPod
+	if p.deps.LocalPods != nil {
+		local, _ = p.deps.LocalPods()
+	} else {
+		for _, r := range pods {
+			if ip, ok := ipOf[string(r.Object.UID)]; ok {
+				local = append(local, netproxy.LocalPod{Pod: r.Object, IPs: []netip.Addr{ip}, Ready: true})
+			}
+		}
+	}
+	ports, errs := netproxy.Build(netproxy.Inputs{Node: p.cfg.Node, Services: svcs, Slices: eps, LocalPods: local})
+	for _, err := range errs {
+		p.deps.Log.Debug("service skipped", "err", err)
+	}
+	udp := map[string]udpPort{}
+	for _, sp := range ports {
+		if sp.Protocol != "UDP" {
+			continue
+		}
+		u := udpPort{port: sp.Port, nodePort: sp.NodePort}
+		u.dests = slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
+		for _, e := range sp.Usable(false) {
+			u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
+		}
+		udp[sp.String()] = u
+	}
+	return nft.State{PodCIDR: p.cfg.PodCIDR, HostPorts: hostPorts(pods, ipOf), Services: ports}, udp, len(ports), nil
+}
+
+// hostPorts lists the hostPorts of the desired pods that have an address.
+func hostPorts(pods []store.Record[*corev1.Pod], ipOf map[string]netip.Addr) []nft.HostPort {
+	var out []nft.HostPort
+	for _, r := range pods {
+		pod := r.Object
+		ip, ok := ipOf[string(pod.UID)]
+		if !ok || pod.Spec.HostNetwork {
+			continue
+		}
+		for _, c := range pod.Spec.Containers {
+			for _, port := range c.Ports {
+				if port.HostPort == 0 {
+					continue
+				}
+				hp := nft.HostPort{Protocol: string(port.Protocol), HostPort: uint16(port.HostPort), PodIP: ip, ContainerPort: uint16(port.ContainerPort)}
+				if port.HostIP != "" {
+					hp.HostIP, _ = netip.ParseAddr(port.HostIP)
+				}
+				out = append(out, hp)
+			}
+		}
+	}
+	return out
+}
