@@ -11,6 +11,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -366,4 +371,75 @@ func TestServicesStandalone(t *testing.T) {
 			t.Errorf("across an agent restart the client pod logged %d requests, %d failed; want none failed", len(lines), fails)
 		}
 	})
+}
+
+// TestServicesAPI runs a Service from the API server, its EndpointSlices
+// written by kube-controller-manager from the pod statuses the agent
+// reports: both backends answer on the allocated cluster IP; a backend
+// whose readiness probe fails stops getting traffic; and with the API
+// server gone (the slices now stale), a backend that becomes ready again
+// gets traffic at once, since local endpoints follow the local probes.
+func TestServicesAPI(t *testing.T) {
+	api := env.StartAPIServer(t)
+	adm := newAdmin(t, api)
+	api.StartEndpointSliceController(t)
+	n := newNode(t, "e2e-svcapi")
+	n.connect(api)
+	n.outside() // the default route that locally sent cluster IP traffic needs
+	ctl := t.TempDir()
+	n.start()
+	for _, name := range []string{"web-a", "web-b"} {
+		var p corev1.Pod
+		if err := yaml.Unmarshal([]byte(backendPod(name, ctl)), &p); err != nil {
+			t.Fatal(err)
+		}
+		no := false
+		p.Namespace, p.Spec.NodeName, p.Spec.AutomountServiceAccountToken = "default", n.name, &no
+		adm.create("pods", &p)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}},
+		},
+	}
+	adm.create("services", svc)
+	ctx, cancel := adm.ctx()
+	defer cancel()
+	if err := adm.core.Get().Namespace("default").Resource("services").Name("web").Do(ctx).Into(svc); err != nil {
+		t.Fatal(err)
+	}
+	vip := svc.Spec.ClusterIP
+	waitFor(t, 90*time.Second, "two ready endpoints in the API", func() (bool, string) {
+		out := api.Kubectl(t, "get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o",
+			`jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready}{"\n"}{end}`)
+		return strings.Count(out, " true") == 2, out
+	})
+	reachAll(t, n.netns, vip, "web-a", "web-b")
+
+	// web-b fails its readiness probe: only web-a answers.
+	if err := os.WriteFile(filepath.Join(ctl, "web-b"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.waitPod("web-b", 30*time.Second, "not ready", func(p *agent.PodInfo) bool { return !ready(p) })
+	waitFor(t, 10*time.Second, "web-b out of the service", func() (bool, string) {
+		for range 10 {
+			if name, _, code := who(n.netns, vip); code != 0 || name != "web-a" {
+				return false, fmt.Sprintf("%q, exit %d", name, code)
+			}
+		}
+		return true, ""
+	})
+	waitFor(t, 30*time.Second, "web-b not ready in the API's slice", func() (bool, string) {
+		out := api.Kubectl(t, "get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o",
+			`jsonpath={range .items[*].endpoints[*]}{.targetRef.name} {.conditions.ready}{"\n"}{end}`)
+		return strings.Contains(out, "web-b false"), out
+	})
+
+	// The API server goes away; web-b becomes ready again.
+	api.Stop()
+	os.Remove(filepath.Join(ctl, "web-b"))
+	n.waitPod("web-b", 30*time.Second, "ready", ready)
+	reachAll(t, n.netns, vip, "web-a", "web-b")
 }
