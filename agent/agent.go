@@ -56,6 +56,9 @@ type Deps struct {
 	// Link reports the API server connection for status; nil when the
 	// agent runs standalone.
 	Link func() LinkInfo
+	// Proxy reports the service proxy's syncs for status; nil when there
+	// is none.
+	Proxy func() ProxyInfo
 }
 
 // Agent owns the node's desired-state loop.

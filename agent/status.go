@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -60,6 +61,7 @@ type ServiceRow struct {
 	Name      string `json:"name"`
 	Source    string `json:"source"`
 	Type      string `json:"type"`
+	ClusterIP string `json:"clusterIP,omitempty"`
 	Ports     string `json:"ports"`
 }
 
@@ -75,6 +77,28 @@ type AgentInfo struct {
 	ManifestErrors []string  `json:"manifestErrors,omitempty"`
 	// Link is the API server connection; absent when standalone.
 	Link *LinkInfo `json:"link,omitempty"`
+	// Proxy is the service proxy's last sync; absent when the agent runs
+	// no pods.
+	Proxy *ProxyInfo `json:"proxy,omitempty"`
+}
+
+// ProxyInfo is what the service proxy's syncs did.
+type ProxyInfo struct {
+	// Syncs and Failures count the syncs since start.
+	Syncs    int `json:"syncs"`
+	Failures int `json:"failures"`
+	// Last is when the last sync ended, LastDuration how long it took,
+	// LastOps the nftables operations it applied, LastError its error.
+	Last         time.Time     `json:"last,omitzero"`
+	LastDuration time.Duration `json:"lastDuration"`
+	LastOps      int           `json:"lastOps"`
+	LastError    string        `json:"lastError,omitempty"`
+	// Services is the number of service ports programmed; Chains, Rules
+	// and Elements count the outpost table.
+	Services int `json:"services"`
+	Chains   int `json:"chains"`
+	Rules    int `json:"rules"`
+	Elements int `json:"elements"`
 }
 
 // LinkInfo is the state of the connection to the API server.
@@ -159,10 +183,15 @@ func ReadStatus(st *store.Store) (Status, error) {
 		v := r.Object
 		var ports []string
 		for _, p := range v.Spec.Ports {
-			ports = append(ports, strconv.Itoa(int(p.Port))+"/"+string(p.Protocol))
+			port := strconv.Itoa(int(p.Port))
+			if p.NodePort != 0 {
+				port += ":" + strconv.Itoa(int(p.NodePort))
+			}
+			ports = append(ports, port+"/"+string(cmp.Or(p.Protocol, corev1.ProtocolTCP)))
 		}
 		s.Services = append(s.Services, ServiceRow{
-			Namespace: v.Namespace, Name: v.Name, Source: r.Source.String(), Type: string(v.Spec.Type), Ports: strings.Join(ports, ","),
+			Namespace: v.Namespace, Name: v.Name, Source: r.Source.String(), Type: string(cmp.Or(v.Spec.Type, corev1.ServiceTypeClusterIP)),
+			ClusterIP: v.Spec.ClusterIP, Ports: strings.Join(ports, ","),
 		})
 	}
 	if err != nil {
@@ -199,6 +228,10 @@ func (a *Agent) Status() (Status, error) {
 	if a.deps.Link != nil {
 		l := a.deps.Link()
 		s.Agent.Link = &l
+	}
+	if a.deps.Proxy != nil {
+		p := a.deps.Proxy()
+		s.Agent.Proxy = &p
 	}
 	return s, err
 }

@@ -3,9 +3,11 @@
 # It starts a private containerd (its own socket and root, nothing shared
 # with a system containerd), imports the test image, runs the agent
 # standalone on examples/ (a web server with probes and a ConfigMap
-# volume, a sampler, a crash loop), fetches the web page from the pod's IP,
-# shows `outpost status`, `outpost logs`, then kills the agent and starts
-# it again to show the same containers still running. Everything it
+# volume, a Service in front of it, a sampler, a crash loop), fetches the
+# web page from the pod's IP and through the Service's cluster IP, shows
+# `outpost status`, `outpost logs`, then kills the agent and starts it
+# again to show the same containers still running and the Service still
+# answering. Everything it
 # starts is stopped and removed on exit: containers, pod network
 # namespaces, the outpost0 bridge and the outpost nftables table.
 set -euo pipefail
@@ -113,6 +115,9 @@ echo
 echo "== the web page, fetched from the pod's IP ($ip)"
 timeout 5 busybox wget -q -O - "http://$ip:8080/"
 echo
+echo "== the same page through the Service web, on its cluster IP (10.43.0.80:80, nftables)"
+timeout 5 busybox wget -q -O - "http://10.43.0.80/"
+echo
 echo "== outpost logs sensor"
 sleep 1
 bin/outpost logs sensor-outpost-demo --config "$DEMO/config.yaml" | tail -3
@@ -131,6 +136,8 @@ after=$(status_json | python3 -c 'import json,sys; print(sorted(c["containerID"]
 echo "before: $before"
 echo "after:  $after"
 [[ $before == "$after" ]] && echo "same containers: nothing was restarted" || echo "containers differ!"
+echo -n "the Service across the restart: "
+timeout 5 busybox wget -q -O - "http://10.43.0.80/"
 echo
 echo "== stopping the agent; status now reads the store file itself"
 kill "$agent" && wait "$agent" || true

@@ -149,6 +149,14 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		deps.Pods.Network = nw
+		deps.Proxy = func() agent.ProxyInfo {
+			st := px.Stats()
+			return agent.ProxyInfo{
+				Syncs: st.Syncs, Failures: st.Failures, Last: st.Last, LastDuration: st.LastDuration,
+				LastOps: st.LastOps, LastError: st.LastError,
+				Services: st.Services, Chains: st.Chains, Rules: st.Rules, Elements: st.Elements,
+			}
+		}
 		// The proxy starts before the pods, so the rules are in place
 		// before any network is needed.
 		loopCtx, stopLoop := context.WithCancel(ctx)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -124,6 +125,9 @@ func printStatus(w io.Writer, s agent.Status) error {
 		fmt.Fprintf(tw, "AGENT\toutpost %s, pid %d, up since %s\t\n", a.Version, a.PID, a.Started.Format(time.RFC3339))
 		fmt.Fprintf(tw, "BOARD\t%s\t\n", boardLine(a.Board))
 		fmt.Fprintf(tw, "LINK\t%s\t\n", linkLine(a.Link, s.JournalBacklog, time.Now()))
+		if a.Proxy != nil {
+			fmt.Fprintf(tw, "PROXY\t%s\t\n", proxyLine(a.Proxy, time.Now()))
+		}
 		if a.Link != nil && a.Link.Certificate != nil {
 			fmt.Fprintf(tw, "CERT\t%s\t\n", certLine(a.Link.Certificate))
 		}
@@ -173,9 +177,9 @@ func printStatus(w io.Writer, s agent.Status) error {
 	if len(s.Services) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tSOURCE\tTYPE\tPORTS")
+		fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tSOURCE\tTYPE\tCLUSTER-IP\tPORTS")
 		for _, v := range s.Services {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", v.Namespace, v.Name, v.Source, v.Type, v.Ports)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.Namespace, v.Name, v.Source, v.Type, cmp.Or(v.ClusterIP, "<none>"), v.Ports)
 		}
 		tw.Flush()
 	}
@@ -370,6 +374,20 @@ func linkLine(l *agent.LinkInfo, backlog int, now time.Time) string {
 		state += "; last error " + ago(l.LastErrorAt) + ": " + l.LastError
 	}
 	return state
+}
+
+// proxyLine says what the service proxy programmed and how its last sync
+// went.
+func proxyLine(p *agent.ProxyInfo, now time.Time) string {
+	if p.Syncs == 0 {
+		return "not synced yet"
+	}
+	line := fmt.Sprintf("%d service ports: %d chains, %d rules, %d map elements", p.Services, p.Chains, p.Rules, p.Elements)
+	ago := now.Sub(p.Last).Round(time.Second).String() + " ago"
+	if p.LastError != "" {
+		return line + "; last sync failed " + ago + ": " + p.LastError
+	}
+	return line + fmt.Sprintf("; synced %s in %s", ago, p.LastDuration.Round(10*time.Microsecond))
 }
 
 // certLine describes the node's bootstrapped client certificate.

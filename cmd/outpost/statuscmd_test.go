@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -81,5 +82,34 @@ func TestStatusBoardLine(t *testing.T) {
 				t.Errorf("got  %q\nwant %q\n%s", got, want, out.String())
 			}
 		})
+	}
+}
+
+// The PROXY line says what the proxy programmed and how its last sync
+// went; the services table shows cluster IPs and node ports.
+func TestStatusProxyLineAndServices(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	ok := &agent.ProxyInfo{Syncs: 3, Last: now.Add(-2 * time.Second), LastDuration: 1234567 * time.Nanosecond, Services: 2, Chains: 9, Rules: 14, Elements: 3}
+	if got, want := proxyLine(ok, now), "2 service ports: 9 chains, 14 rules, 3 map elements; synced 2s ago in 1.23ms"; got != want {
+		t.Errorf("proxyLine = %q, want %q", got, want)
+	}
+	failed := *ok
+	failed.LastError = "sync table outpost: apply: no such file or directory"
+	if got := proxyLine(&failed, now); !strings.HasSuffix(got, "; last sync failed 2s ago: sync table outpost: apply: no such file or directory") {
+		t.Errorf("proxyLine = %q, want the error", got)
+	}
+	if got := proxyLine(&agent.ProxyInfo{}, now); got != "not synced yet" {
+		t.Errorf("proxyLine before a sync = %q", got)
+	}
+	var out bytes.Buffer
+	s := agent.Status{Node: "n1", From: "agent", Agent: &agent.AgentInfo{Proxy: ok},
+		Services: []agent.ServiceRow{{Namespace: "default", Name: "web", Source: "static", Type: "NodePort", ClusterIP: "10.43.0.81", Ports: "80:30080/TCP"}}}
+	if err := printStatus(&out, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`(?m)^PROXY +2 service ports`, `(?m)^default +web +static +NodePort +10\.43\.0\.81 +80:30080/TCP$`} {
+		if !regexp.MustCompile(want).Match(out.Bytes()) {
+			t.Errorf("status lacks %s:\n%s", want, out.String())
+		}
 	}
 }
