@@ -47,6 +47,26 @@ const (
 // ipForwardPath is the IPv4 forwarding switch of the opening thread's netns.
 const ipForwardPath = "/proc/sys/net/ipv4/ip_forward"
 
+// bridgeNFPaths make bridged IPv4 and IPv6 traffic pass the nftables
+// hooks; they exist once br_netfilter is loaded.
+var bridgeNFPaths = []string{
+	"/proc/sys/net/bridge/bridge-nf-call-iptables",
+	"/proc/sys/net/bridge/bridge-nf-call-ip6tables",
+}
+
+// setSysctl writes 1 to a /proc/sys file that does not hold it yet.
+func setSysctl(path string) error {
+	if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	} else if errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("set %s: %w", path, err)
+	}
+	return nil
+}
+
 // Config says what the pod network looks like. Every field but PodCIDR
 // has a default.
 type Config struct {
@@ -212,16 +232,26 @@ func (n *Network) ensureBridge(host *netlink.Handle) error {
 	return nil
 }
 
-// enableForwarding turns on net.ipv4.ip_forward in the host netns.
+// enableForwarding turns on net.ipv4.ip_forward and, when br_netfilter is
+// loaded, the bridge-nf-call sysctls in the host netns.
 func (n *Network) enableForwarding() error {
 	enable := func() error {
-		if b, err := os.ReadFile(ipForwardPath); err == nil && strings.TrimSpace(string(b)) == "1" {
-			return nil
-		}
-		if err := os.WriteFile(ipForwardPath, []byte("1\n"), 0o644); err != nil {
+		if err := setSysctl(ipForwardPath); err != nil {
 			return err
 		}
-		n.log.Info("enabled ip forwarding")
+		// Replies from a Service's endpoint to a pod on the same bridge
+		// are bridged, not routed: only br_netfilter takes them through
+		// the nftables hooks where conntrack undoes the Service's DNAT.
+		for _, p := range bridgeNFPaths {
+			err := setSysctl(p)
+			if errors.Is(err, os.ErrNotExist) {
+				n.log.Warn("br_netfilter is not loaded: a pod reaching a Service whose endpoint is a pod on this node gets no answer; load it (modprobe br_netfilter; the package loads it at boot)")
+				break
+			}
+			if err != nil {
+				return err
+			}
+		}
 		return nil
 	}
 	cur, err := n.hostIsCurrent()
