@@ -768,8 +768,8 @@ func hostPortRule(h HostPort) Rule {
 	)}
 }
 
-// hairpinRule masquerades pods reaching a hostPort (see hairpinMasq in
-// nat.go for why): `ip saddr <podCIDR> ip daddr <podIP> <proto> dport
+// hairpinRule masquerades pods reaching a hostPort (HostPort's doc in
+// hostport.go says why): `ip saddr <podCIDR> ip daddr <podIP> <proto> dport
 // <containerPort> ct status dnat masquerade`; for a pod of the other
 // family than the pod CIDR, the pod itself stands for the CIDR.
 func hairpinRule(podCIDR netip.Prefix, h HostPort) Rule {

@@ -435,19 +435,26 @@ func requireNFNetlink(t *testing.T) {
 	}
 }
 
-func newNAT(t *testing.T, e *env) *nft.NAT {
+// newNAT returns a function that makes the host netns's outpost table
+// hold the pod CIDR's egress masquerade and hostPorts (and no Services),
+// through the Table the service proxy uses; the table is deleted when the
+// test ends.
+func newNAT(t *testing.T, e *env) func(hostPorts []nft.HostPort) error {
 	t.Helper()
 	requireNFNetlink(t)
-	nat, err := nft.NewNAT(nft.NATConfig{PodCIDR: e.cfg.PodCIDR, NetNS: int(e.host)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := nft.NewNetlink(int(e.host))
+	tb := nft.NewTable(rs)
 	t.Cleanup(func() {
-		if err := nat.Delete(); err != nil {
+		tx := &nft.Tx{}
+		tx.DelTable()
+		if err := rs.Apply(tx); err != nil {
 			t.Errorf("delete nat table: %v", err)
 		}
 	})
-	return nat
+	return func(hostPorts []nft.HostPort) error {
+		_, err := tb.Sync(nft.State{PodCIDR: e.cfg.PodCIDR, HostPorts: hostPorts})
+		return err
+	}
 }
 
 // TestE2EMasquerade: a pod reaches a listener in "world", which has no
@@ -465,8 +472,8 @@ func TestE2EMasquerade(t *testing.T) {
 		t.Fatalf("connected to world without NAT (world saw %s); the test proves nothing", src)
 	}
 
-	nat := newNAT(t, e)
-	if err := nat.Sync(nil); err != nil {
+	syncNAT := newNAT(t, e)
+	if err := syncNAT(nil); err != nil {
 		t.Fatal(err)
 	}
 	wantSource(t, "pod A to world", podA, l, worldIP+":9000", netip.MustParseAddr(hostIP))
@@ -486,13 +493,13 @@ func TestE2EHostPort(t *testing.T) {
 	l := listen(t, podA, "0.0.0.0:8080")
 	gw, host, wld := a.Gateway, netip.MustParseAddr(hostIP), netip.MustParseAddr(worldIP)
 
-	nat := newNAT(t, e)
+	syncNAT := newNAT(t, e)
 	ports := []nft.HostPort{
 		{Protocol: "TCP", HostPort: 30080, PodIP: a.IP, ContainerPort: 8080},
 		{Protocol: "TCP", HostIP: host, HostPort: 30081, PodIP: a.IP, ContainerPort: 8080},
 	}
-	for range 2 { // Sync is idempotent
-		if err := nat.Sync(ports); err != nil {
+	for range 2 { // a second Sync changes nothing
+		if err := syncNAT(ports); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -509,7 +516,7 @@ func TestE2EHostPort(t *testing.T) {
 		t.Errorf("pod B to 30081 on the gateway: err %v, want connection refused", err)
 	}
 
-	if err := nat.Sync(nil); err != nil {
+	if err := syncNAT(nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := dialSource(world, hostIP+":30080", dialTimeout); !errors.Is(err, unix.ECONNREFUSED) {

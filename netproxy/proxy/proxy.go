@@ -153,7 +153,7 @@ func (p *Proxy) Sync() error {
 	ops, err := p.table.Sync(state)
 	p.record(start, ops, nsvc, err)
 	if err != nil {
-		return fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+		return err // "sync table outpost: …"
 	}
 	p.cleanConntrack(udp)
 	return nil
@@ -301,30 +301,72 @@ func (p *Proxy) state() (nft.State, map[string]udpPort, int, error) {
 		}
 		udp[sp.String()] = u
 	}
-	return nft.State{PodCIDR: p.cfg.PodCIDR, HostPorts: hostPorts(pods, ipOf), Services: ports}, udp, len(ports), nil
+	hps, errs := hostPorts(pods, ipOf)
+	for _, err := range errs {
+		p.deps.Log.Debug("hostPort skipped", "err", err)
+	}
+	return nft.State{PodCIDR: p.cfg.PodCIDR, HostPorts: hps, Services: ports}, udp, len(ports), nil
 }
 
-// hostPorts lists the hostPorts of the desired pods that have an address.
-func hostPorts(pods []store.Record[*corev1.Pod], ipOf map[string]netip.Addr) []nft.HostPort {
+// hostPorts lists the hostPorts of the desired pods that have an
+// address, and one error per hostPort it skipped, naming the pod and
+// field. What the table cannot render is skipped here, so that one pod's
+// hostPort (a host IP of the other family than the pod's address passes
+// the API server's validation) does not fail every sync and leave the
+// node without Services; a host IP that does not parse is skipped rather
+// than taken to mean every address.
+func hostPorts(pods []store.Record[*corev1.Pod], ipOf map[string]netip.Addr) ([]nft.HostPort, []error) {
 	var out []nft.HostPort
+	var errs []error
 	for _, r := range pods {
 		pod := r.Object
 		ip, ok := ipOf[string(pod.UID)]
 		if !ok || pod.Spec.HostNetwork {
 			continue
 		}
-		for _, c := range pod.Spec.Containers {
-			for _, port := range c.Ports {
+		ip = ip.Unmap()
+		for i, c := range pod.Spec.Containers {
+			for j, port := range c.Ports {
 				if port.HostPort == 0 {
 					continue
 				}
-				hp := nft.HostPort{Protocol: string(port.Protocol), HostPort: uint16(port.HostPort), PodIP: ip, ContainerPort: uint16(port.ContainerPort)}
-				if port.HostIP != "" {
-					hp.HostIP, _ = netip.ParseAddr(port.HostIP)
+				hp, err := hostPort(port, ip)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("pod %s: spec.containers[%d].ports[%d]: %w", store.Key(pod.Namespace, pod.Name), i, j, err))
+					continue
 				}
 				out = append(out, hp)
 			}
 		}
 	}
-	return out
+	return out, errs
+}
+
+// hostPort is port of a pod with address podIP, or why the table cannot
+// have it.
+func hostPort(port corev1.ContainerPort, podIP netip.Addr) (nft.HostPort, error) {
+	proto := cmp.Or(port.Protocol, corev1.ProtocolTCP)
+	switch proto {
+	case corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP:
+	default:
+		return nft.HostPort{}, fmt.Errorf("protocol %q is not TCP, UDP or SCTP", port.Protocol)
+	}
+	if port.HostPort < 1 || port.HostPort > 65535 {
+		return nft.HostPort{}, fmt.Errorf("hostPort %d is not from 1 to 65535", port.HostPort)
+	}
+	if port.ContainerPort < 1 || port.ContainerPort > 65535 {
+		return nft.HostPort{}, fmt.Errorf("containerPort %d is not from 1 to 65535", port.ContainerPort)
+	}
+	hp := nft.HostPort{Protocol: string(proto), HostPort: uint16(port.HostPort), PodIP: podIP, ContainerPort: uint16(port.ContainerPort)}
+	if port.HostIP != "" {
+		a, err := netip.ParseAddr(port.HostIP)
+		if err != nil || a.Zone() != "" {
+			return nft.HostPort{}, fmt.Errorf("hostIP %q is not an IP address", port.HostIP)
+		}
+		if a = a.Unmap(); !a.IsUnspecified() && a.Is4() != podIP.Is4() {
+			return nft.HostPort{}, fmt.Errorf("hostIP %s is not of the family of the pod's address %s", a, podIP)
+		}
+		hp.HostIP = a
+	}
+	return hp, nil
 }

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -17,13 +16,8 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-var (
-	podCIDR = netip.MustParsePrefix("10.42.0.0/24")
-	podA    = netip.MustParseAddr("10.42.0.2")
-	podB    = netip.MustParseAddr("10.42.0.3")
-)
-
 func TestNormalize(t *testing.T) {
+	podA, podB := ip("10.42.0.2"), ip("10.42.0.3")
 	got, err := normalize([]HostPort{
 		{Protocol: "udp", HostPort: 53, PodIP: podB, ContainerPort: 5353},
 		{HostPort: 80, PodIP: podA, ContainerPort: 8080},                                                        // protocol defaults to TCP
@@ -64,14 +58,6 @@ func TestNormalize(t *testing.T) {
 				t.Errorf("normalize(%v) = %v, want error containing %q", tc.hp, err, tc.want)
 			}
 		})
-	}
-}
-
-func TestNewNATErrors(t *testing.T) {
-	for _, cfg := range []NATConfig{{}, {PodCIDR: netip.MustParsePrefix("10.42.0.7/24")}, {PodCIDR: podCIDR, NetNS: -1}} {
-		if _, err := NewNAT(cfg); err == nil {
-			t.Errorf("NewNAT(%+v) succeeded", cfg)
-		}
 	}
 }
 
@@ -133,30 +119,6 @@ func requireNFNetlink(t *testing.T) {
 	}
 }
 
-// listTable returns `nft list table inet outpost` run inside the netns,
-// or skips when nft or nsenter is not installed.
-func listTable(t *testing.T, nsfd int) string {
-	t.Helper()
-	for _, tool := range []string{"nft", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
-	}
-	dup, err := unix.Dup(nsfd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(dup), "netns")
-	defer f.Close()
-	cmd := exec.Command("nsenter", "--net=/proc/self/fd/3", "nft", "list", "table", "inet", "outpost")
-	cmd.ExtraFiles = []*os.File{f}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("nft list table: %v\n%s", err, out)
-	}
-	return string(out)
-}
-
 func conn(t *testing.T, nsfd int) *nftables.Conn {
 	t.Helper()
 	c, err := nftables.New(nftables.WithNetNSFd(nsfd))
@@ -188,95 +150,69 @@ func ruleCounts(t *testing.T, nsfd int) map[string]int {
 	return counts
 }
 
-// TestE2ESyncGolden: in a fresh netns, Sync builds exactly the ruleset in
-// testdata/nat.golden (as nft itself prints it, so the kernel and nft agree
-// on what the expressions mean); a second Sync leaves the same ruleset.
-func TestE2ESyncGolden(t *testing.T) {
-	ns := newNetNS(t)
-	n, err := NewNAT(NATConfig{PodCIDR: podCIDR, NetNS: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ports := []HostPort{
-		{Protocol: "TCP", HostPort: 30080, PodIP: podA, ContainerPort: 8080},
-		{Protocol: "UDP", HostIP: netip.MustParseAddr("192.0.2.2"), HostPort: 5353, PodIP: podB, ContainerPort: 53},
-		{Protocol: "SCTP", HostPort: 3868, PodIP: podB, ContainerPort: 3868},
-	}
-	if err := n.Sync(ports); err != nil {
-		t.Fatal(err)
-	}
-	first := listTable(t, ns)
-	if err := n.Sync(ports); err != nil {
-		t.Fatal(err)
-	}
-	got := listTable(t, ns)
-	if got != first {
-		t.Errorf("second Sync changed the table:\n%s\nfirst:\n%s", got, first)
-	}
-	golden := filepath.Join("testdata", "nat.golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("table differs from %s (nft %s):\n%s", golden, nftVersion(), got)
-	}
-}
-
 func nftVersion() string {
 	out, _ := exec.Command("nft", "--version").Output()
 	return strings.TrimSpace(string(out))
 }
 
-// TestE2ESyncReplacesAndDelete: Sync replaces the table's contents (fewer
-// hostPorts leave fewer rules, and a foreign chain someone added to the
-// table is gone), a batch of 9,001 rules applies in one go (with the
-// library's default socket buffers sendmsg fails with EMSGSIZE), and Delete
-// removes the table and is idempotent.
-func TestE2ESyncReplacesAndDelete(t *testing.T) {
-	ns := newNetNS(t)
-	n, err := NewNAT(NATConfig{PodCIDR: podCIDR, NetNS: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var many []HostPort
-	for i := range 3000 {
-		many = append(many, HostPort{Protocol: "TCP", HostPort: uint16(10000 + i), PodIP: podA, ContainerPort: 8080})
-	}
-	if err := n.Sync(many); err != nil {
-		t.Fatalf("sync %d hostPorts: %v", len(many), err)
-	}
-	if got := ruleCounts(t, ns); got[ChainNATPrerouting] != 3000 || got[ChainNATOutput] != 3000 || got[ChainNATPostrouting] != 3001 {
-		t.Errorf("rule counts after large sync = %v", got)
-	}
-
+// TestE2ETableHostPortsReplace (was TestE2ESyncReplacesAndDelete of the
+// old NAT): in a fresh netns holding an outpost table that someone else
+// changed (a stray chain with a rule, a nat-prerouting of another
+// priority), the first Sync of a Table replaces its contents, 3,000
+// hostPorts (over 6,000 rules) apply in one batch, and after a restart
+// (a new Table: a full sync) fewer hostPorts leave fewer rules and the
+// stray chain is gone; an incremental Sync without hostPorts empties the
+// hostports chain. The kernel then holds what a full sync gives on the
+// Fake.
+func TestE2ETableHostPortsReplace(t *testing.T) {
+	ns := nlNetNS(t)
 	c := conn(t, ns)
-	c.AddChain(&nftables.Chain{Name: "stray", Table: table()})
+	c.AddTable(table())
+	stray := c.AddChain(&nftables.Chain{Name: "stray", Table: table()})
+	c.AddChain(&nftables.Chain{Name: natPrerouting, Table: table(), Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-50)})
+	c.AddRule(&nftables.Rule{Table: table(), Chain: stray, Exprs: matchPort("TCP", 1)})
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Sync([]HostPort{{Protocol: "TCP", HostPort: 30080, PodIP: podA, ContainerPort: 8080}}); err != nil {
-		t.Fatal(err)
+
+	var many []HostPort
+	for i := range 3000 {
+		many = append(many, HostPort{Protocol: "TCP", HostPort: uint16(10000 + i), PodIP: tsHPPod, ContainerPort: 8080})
 	}
-	want := map[string]int{ChainNATPostrouting: 2, ChainNATPrerouting: 1, ChainNATOutput: 1}
-	if got := ruleCounts(t, ns); len(got) != len(want) || got[ChainNATPostrouting] != 2 || got[ChainNATPrerouting] != 1 || got[ChainNATOutput] != 1 {
-		t.Errorf("rule counts = %v, want %v", got, want)
+	if _, err := NewTable(NewNetlink(ns)).Sync(State{PodCIDR: tsPodCIDR, HostPorts: many}); err != nil {
+		t.Fatalf("sync %d hostPorts: %v", len(many), err)
+	}
+	// nat-postrouting: jump masquerading, a hairpin rule per hostPort,
+	// pod egress masquerade.
+	got := ruleCounts(t, ns)
+	if got[chainHostPorts] != 3000 || got[natPostrouting] != 3002 || got["stray"] != 0 {
+		t.Errorf("rule counts after large sync: hostports %d, nat-postrouting %d, stray %d; want 3000, 3002, 0",
+			got[chainHostPorts], got[natPostrouting], got["stray"])
 	}
 
-	for range 2 {
-		if err := n.Delete(); err != nil {
-			t.Fatal(err)
-		}
+	one := State{PodCIDR: tsPodCIDR, HostPorts: []HostPort{{Protocol: "TCP", HostPort: 30080, PodIP: tsHPPod, ContainerPort: 8080}}}
+	tb := NewTable(NewNetlink(ns))
+	if _, err := tb.Sync(one); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := conn(t, ns).ListTableOfFamily("outpost", nftables.TableFamilyINet); err == nil {
-		t.Error("table outpost still exists after Delete")
+	got = ruleCounts(t, ns)
+	if _, ok := got["stray"]; ok {
+		t.Error("the stray chain survived a full sync")
+	}
+	if got[chainHostPorts] != 1 || got[natPostrouting] != 3 {
+		t.Errorf("rule counts after a full sync with one hostPort: hostports %d, nat-postrouting %d; want 1, 3", got[chainHostPorts], got[natPostrouting])
+	}
+
+	none := State{PodCIDR: tsPodCIDR}
+	if _, err := tb.Sync(none); err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := synced(t, none)
+	if got, want := normalizeNFT(nftListTable(t, ns)), fresh.Dump(); got != want {
+		t.Errorf("kernel differs from a full sync on the Fake (nft %s):\n%s", nftVersion(), lineDiff(want, got))
+	}
+	if got := ruleCounts(t, ns); got[chainHostPorts] != 0 || got[natPostrouting] != 2 {
+		t.Errorf("rule counts without hostPorts: hostports %d, nat-postrouting %d; want 0, 2", got[chainHostPorts], got[natPostrouting])
 	}
 }
