@@ -23,6 +23,9 @@ import (
 // nfpmArch is the nfpm (ARCHES) name of each deb architecture.
 var nfpmArch = map[string]string{"arm64": "arm64", "armhf": "arm7", "amd64": "amd64"}
 
+// goPlatform is the Makefile's PLATFORMS entry of each deb architecture.
+var goPlatform = map[string]string{"arm64": "linux/arm64", "armhf": "linux/arm", "amd64": "linux/amd64"}
+
 // chosenRE matches the line naming the package install.sh chose.
 var chosenRE = regexp.MustCompile(`(?m)^install\.sh: chosen: (\S+) \(version ([^;]+);`)
 
@@ -173,7 +176,9 @@ func TestInstallShellcheck(t *testing.T) {
 
 // TestInstall builds the packages, then has install.sh choose among them
 // for each architecture, refuse what does not fit, pick the newest
-// version, and install for real in a chroot.
+// version, and install for real in a chroot; there it removes and purges
+// (purge_test.go) and upgrades under a running agent (upgrade_test.go),
+// and the .rpm is installed, upgraded and erased with rpm --root.
 func TestInstall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds three binaries and ten packages")
@@ -202,7 +207,12 @@ func TestInstall(t *testing.T) {
 	}
 	versions := t.TempDir()
 	for _, v := range []string{"v0.1.0-rc.1", "v0.1.0"} {
-		cmd := exec.Command("bash", "scripts/packaging/build.sh", dist)
+		// Each version's binary says its version, as a release's would:
+		// the upgrade with running pods checks which binary runs. Only
+		// the link differs from dist's binaries.
+		bin := t.TempDir()
+		run(t, "../..", "make", "--no-print-directory", "build-all", "DIST="+bin, "VERSION="+v, "PLATFORMS="+goPlatform[va])
+		cmd := exec.Command("bash", "scripts/packaging/build.sh", bin)
 		cmd.Dir = "../.."
 		cmd.Env = append(os.Environ(), "VERSION="+v, "OUT="+versions, "ARCHES="+nfpmArch[va])
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -360,19 +370,36 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	// The chroot outlives its subtest: the ones after it remove, purge
+	// and upgrade there, and run only when it was made.
+	root := t.TempDir()
+	installed := false
 	t.Run("chroot", func(t *testing.T) {
-		installInChroot(t, dist, versions, hostArch)
+		installInChroot(t, root, dist, versions, hostArch)
+		installed = !t.Failed()
 	})
+	inRoot := func(name string, f func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			if !installed {
+				t.Skip("no chroot with outpost installed: see the chroot subtest")
+			}
+			f(t)
+		})
+	}
+	inRoot("remove and purge", func(t *testing.T) { removeAndPurge(t, root) })
+	inRoot("upgrade with running pods", func(t *testing.T) { upgradeWithPods(t, root) })
+	t.Run("rpm", func(t *testing.T) { rpmInRoot(t, versions, hostArch, vrpm) })
 }
 
 // installInChroot installs the packages for real with install.sh inside
-// a chroot of a minimal Debian of the host's release, run in its own mount
-// and PID namespaces (so nothing it mounts or starts outlives it): a first
+// root (an empty directory), made a chroot of a minimal Debian of the
+// host's release, run in its own mount and PID namespaces (so nothing it
+// mounts or starts outlives it): a first
 // install that fetches containerd and runc from the archive, an upgrade
 // that keeps an edited config, a rerun of the same version, a refused
 // downgrade, and the test overrides refused outside a dry run. The host's
 // packages, /etc and systemd are never touched; no service is started.
-func installInChroot(t *testing.T, dist, versions, hostArch string) {
+func installInChroot(t *testing.T, root, dist, versions, hostArch string) {
 	if os.Getuid() != 0 {
 		t.Skip("a real install in a chroot needs root")
 	}
@@ -381,7 +408,6 @@ func installInChroot(t *testing.T, dist, versions, hostArch string) {
 		t.Skipf("no outpost package for this machine's architecture %s to install", hostArch)
 	}
 	base := debianBase(t, hostArch)
-	root := t.TempDir()
 	run(t, ".", "tar", "-xf", base, "-C", root)
 	copyFile(t, "/etc/resolv.conf", filepath.Join(root, "etc/resolv.conf"))
 	// Debian's way to say "start no service here", for containerd's postinst.
