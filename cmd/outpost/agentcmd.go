@@ -76,7 +76,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	var a *agent.Agent
 	var running atomic.Pointer[agent.Agent] // for the proxy, once made
 	var rt *ctrd.Runtime
-	nf := &nodeFacts{cfg: cfg, clk: clk, board: board}
+	nf := &nodeFacts{cfg: cfg, clk: clk, board: board, health: func() arm.Readings { return arm.Health("/") }}
 	ksync, err := newKubeSync(cfg, st, clk, log, nf.facts)
 	if err != nil {
 		return err

@@ -114,6 +114,9 @@ type nodeFacts struct {
 	hostIP string
 	agent  *agent.Agent
 	rt     *ctrd.Runtime // nil with --record-only
+	// health reads the board's sensors, whose conditions (UnderVoltage,
+	// Throttled, HighTemperature) join the Node's; nil leaves them out.
+	health func() arm.Readings
 
 	// Only the sync's node loop calls facts, so these need no lock.
 	version   string
@@ -134,7 +137,24 @@ func (n *nodeFacts) facts() kube.NodeFacts {
 		Hostname: n.cfg.NodeName, HostIP: n.hostIP, MaxPods: n.cfg.Node.MaxPods,
 		StorageDir: n.cfg.StateDir, RuntimeVersion: n.version, KubeletPort: kubeletPort(n.cfg),
 	}, deps)
+	if n.health != nil {
+		st.Conditions = append(st.Conditions, boardConditions(n.health())...)
+	}
 	return kube.NodeFacts{Labels: n.board.Labels(), Status: st}
+}
+
+// boardConditions turns the board's sensor readings into node conditions,
+// with a reason and a message that says what to do.
+func boardConditions(r arm.Readings) []corev1.NodeCondition {
+	var out []corev1.NodeCondition
+	for _, c := range arm.Conditions(r) {
+		status := corev1.ConditionFalse
+		if c.Status {
+			status = corev1.ConditionTrue
+		}
+		out = append(out, corev1.NodeCondition{Type: corev1.NodeConditionType(c.Type), Status: status, Reason: c.Reason, Message: c.Message})
+	}
+	return out
 }
 
 // runtimeHealth asks containerd for its version at most every

@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/arm"
 )
 
 // A kubeconfig the agent cannot use stops it with exit status 2 before it
@@ -80,5 +83,32 @@ func TestStatusLinkLine(t *testing.T) {
 		if got := linkLine(tt.link, tt.backlog, now); got != tt.want {
 			t.Errorf("%s:\n got %s\nwant %s", tt.name, got, tt.want)
 		}
+	}
+}
+
+// The board's sensor readings become node conditions: under-voltage now
+// is UnderVoltage True with what to do; a cool zone is HighTemperature
+// False; with nothing read there are none.
+func TestBoardConditions(t *testing.T) {
+	throttle := arm.Throttle(0x1) // under-voltage now
+	got := boardConditions(arm.Readings{
+		Throttle: &throttle,
+		Zones:    []arm.Zone{{Name: "thermal_zone0", Type: "cpu-thermal", MilliC: 51000}},
+	})
+	byType := map[corev1.NodeConditionType]corev1.NodeCondition{}
+	for _, c := range got {
+		byType[c.Type] = c
+	}
+	if c := byType[arm.ConditionUnderVoltage]; c.Status != corev1.ConditionTrue || c.Reason != "UnderVoltageNow" || !strings.Contains(c.Message, "power supply") {
+		t.Errorf("UnderVoltage = %+v", c)
+	}
+	if c := byType[arm.ConditionHighTemperature]; c.Status != corev1.ConditionFalse || c.Reason != "TemperatureNormal" {
+		t.Errorf("HighTemperature = %+v", c)
+	}
+	if c, ok := byType[arm.ConditionThrottled]; !ok || c.Status != corev1.ConditionFalse {
+		t.Errorf("Throttled = %+v, %v", c, ok)
+	}
+	if got := boardConditions(arm.Readings{}); len(got) != 0 {
+		t.Errorf("no readings: %+v, want no conditions", got)
 	}
 }
