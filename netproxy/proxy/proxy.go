@@ -37,7 +37,9 @@ type Config struct {
 	// traffic to ClusterIPs from outside it is masqueraded.
 	PodCIDR netip.Prefix
 	// MinSyncInterval is the least time between two applies, so a burst of
-	// changes becomes one batch; zero means DefaultMinSyncInterval.
+	// changes becomes one batch; zero means DefaultMinSyncInterval. After
+	// a sync that took longer than half of it, the pause is twice that
+	// sync's time.
 	MinSyncInterval time.Duration
 	// SettleTimeout bounds how long the first sync waits for the agent to
 	// know its pods' readiness when a table from an earlier run is still in
@@ -199,8 +201,10 @@ func (p *Proxy) Run(ctx context.Context) {
 				retry.Reset(retryInterval)
 			}
 			// Coalesce whatever arrives during the pause into the next
-			// sync.
-			pause.Reset(p.cfg.MinSyncInterval)
+			// sync. The pause is at least twice the sync's own time, so
+			// a stream of changes (a relist of thousands of Services on
+			// a slow board) takes at most a third of a core.
+			pause.Reset(max(p.cfg.MinSyncInterval, 2*p.Stats().LastDuration))
 			select {
 			case <-ctx.Done():
 				return
