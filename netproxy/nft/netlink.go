@@ -212,14 +212,26 @@ func (b *nlBatch) add(ops []Op, i int) (int, error) {
 	return i + 1, nil
 }
 
+// maxElemBytes bounds the element list of one message: google/nftables
+// writes its length as a 16-bit netlink attribute length, so a list past
+// 64 KiB (about 800 elements with long chain names) overflows and the
+// kernel refuses the whole batch.
+const maxElemBytes = 48 << 10
+
+// elemBytes estimates what one element adds to a message: key, verdict
+// and attribute headers, and the chain name of a jump or goto.
+func elemBytes(op Op) int { return 64 + len(op.Verdict.Chain) }
+
 // elems adds ops[i] and the ops after it of the same kind on the same map
-// as one message, and returns the index of the next op.
+// as one message, up to maxElemBytes, and returns the index of the next
+// op.
 func (b *nlBatch) elems(ops []Op, i int) (int, error) {
 	first := ops[i]
 	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: true}
 	var els []nftables.SetElement
-	j := i
-	for ; j < len(ops) && ops[j].Kind == first.Kind && ops[j].Map == first.Map; j++ {
+	j, size := i, 0
+	for ; j < len(ops) && ops[j].Kind == first.Kind && ops[j].Map == first.Map && (j == i || size+elemBytes(ops[j]) <= maxElemBytes); j++ {
+		size += elemBytes(ops[j])
 		key, err := nlElemKey(first.Map.Key, ops[j].Key)
 		if err != nil {
 			return 0, fmt.Errorf("op %d: %w", j, err)
