@@ -59,7 +59,9 @@ test-arm: build-all
 bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench BenchmarkReplayAfterOutage -benchtime 1x ./sync/kube/
+	$(GO) test -run '^$$' -bench BenchmarkSyncUnchanged -benchtime 5x ./netproxy/proxy/
 	@scripts/bench-size.sh
+	@scripts/bench-proxy.sh
 
 demo: build
 	@scripts/demo.sh

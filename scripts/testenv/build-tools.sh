@@ -5,6 +5,9 @@
 # directory outside the repository ($OUTPOST_TOOLS, default
 # /var/cache/outpost-testenv). A tool already present at its pinned
 # version is not rebuilt.
+#
+# With the argument kube-proxy it builds only kube-proxy (for the service
+# proxy benchmark, `make bench`), which `make test` does not need.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -51,6 +54,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 EOT
@@ -59,6 +63,18 @@ EOT
 	go build -trimpath -ldflags '-s -w' -o "$BIN/kubectl" k8s.io/kubernetes/cmd/kubectl
 	go build -trimpath -ldflags '-s -w' -o "$BIN/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
 	echo "$KUBE_VERSION" >"$BIN/.kube.version"
+}
+
+build_kube_proxy() {
+	if [[ "$(stamp kube-proxy)" == "$KUBE_VERSION" && -x "$BIN/kube-proxy" && -f "$TOOLS/src/kube-$KUBE_VERSION/go.mod" ]]; then
+		echo "testenv: kube-proxy $KUBE_VERSION already built"
+		return
+	fi
+	build_kube
+	cd "$TOOLS/src/kube-$KUBE_VERSION"
+	echo "testenv: building kube-proxy $KUBE_VERSION"
+	go build -trimpath -ldflags '-s -w' -o "$BIN/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
+	echo "$KUBE_VERSION" >"$BIN/.kube-proxy.version"
 }
 
 build_etcd() {
@@ -105,6 +121,11 @@ build_registry() {
 	echo "$REGISTRY_VERSION" >"$BIN/.registry.version"
 }
 
+if [[ "${1:-}" == kube-proxy ]]; then
+	build_kube_proxy
+	echo "testenv: kube-proxy in $BIN"
+	exit 0
+fi
 build_etcd
 build_kube
 build_registry
