@@ -53,9 +53,11 @@ test-arm: build-all
 	@GO='$(GO)' BUILDTAGS='$(BUILDTAGS)' scripts/test-arm.sh
 
 # bench: the store, the reconnect replay against a real API server (root;
-# it skips without), the binary sizes and the idle agent's memory. The pod
-# startup benchmark needs containerd and network namespaces: see
-# docs/testing.md.
+# it skips without), the proxy's sync from the store, the binary sizes and
+# the idle agent's memory, then scripts/bench-proxy.sh: the service proxy
+# against the kernel and against kube-proxy (built on first use), and the
+# agent's memory with 10,000 Services. The pod startup benchmark needs
+# containerd and network namespaces: see docs/testing.md.
 bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench BenchmarkReplayAfterOutage -benchtime 1x ./sync/kube/
