@@ -3,7 +3,6 @@ package nft
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -128,37 +127,10 @@ func benchRequireNetlink(b *testing.B) {
 // made.
 func benchNetNS(b *testing.B) int {
 	b.Helper()
-	type result struct {
-		fd  int
-		err error
+	fd, err := createNetNS()
+	if err != nil {
+		b.Skipf("cannot create a network namespace: %v", err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{-1, err}
-			return
-		}
-		defer unix.Close(orig)
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{-1, err}
-			return
-		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		// Back to the original namespace; a thread that cannot get back
-		// stays locked and exits with the goroutine.
-		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		done <- result{fd, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		b.Skipf("cannot create a network namespace: %v", r.err)
-	}
-	b.Cleanup(func() { unix.Close(r.fd) })
-	return r.fd
+	b.Cleanup(func() { unix.Close(fd) })
+	return fd
 }

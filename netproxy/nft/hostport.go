@@ -3,7 +3,6 @@ package nft
 import (
 	"cmp"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/outpost-edge/outpost/netproxy"
@@ -104,39 +102,6 @@ func Available() error {
 		return fmt.Errorf("NETLINK_NETFILTER socket: %w", err)
 	}
 	unix.Close(fd)
-	return nil
-}
-
-// socketBuffer is the netlink socket's least send and receive buffer size
-// (see bufferSize). The whole batch is one sendmsg, which fails with
-// EMSGSIZE beyond the send buffer, and the kernel's acknowledgements
-// overflow a small receive buffer with ENOBUFS.
-const socketBuffer = 8 << 20
-
-// setBuffers raises the socket's buffers to socketBuffer. The FORCE
-// options (CAP_NET_ADMIN) go past net.core.rmem_max/wmem_max; without the
-// capability the plain options apply, capped by those limits.
-func setBuffers(c *mnl.Conn) error {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("netlink socket: %w", err)
-	}
-	var forced error
-	err = raw.Control(func(fd uintptr) {
-		forced = errors.Join(
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer),
-		)
-	})
-	if err == nil && forced == nil {
-		return nil
-	}
-	if err := c.SetReadBuffer(socketBuffer); err != nil {
-		return fmt.Errorf("set netlink receive buffer: %w", err)
-	}
-	if err := c.SetWriteBuffer(socketBuffer); err != nil {
-		return fmt.Errorf("set netlink send buffer: %w", err)
-	}
 	return nil
 }
 

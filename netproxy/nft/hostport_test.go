@@ -70,6 +70,18 @@ func newNetNS(t *testing.T) int {
 		t.Skip("needs root: creates network namespaces and nftables tables")
 	}
 	requireNFNetlink(t)
+	fd, err := createNetNS()
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// createNetNS creates an anonymous network namespace from a thread of its
+// own, which goes back to the original namespace, and returns a file
+// descriptor for the new one.
+func createNetNS() (int, error) {
 	type result struct {
 		fd  int
 		err error
@@ -96,11 +108,7 @@ func newNetNS(t *testing.T) int {
 		done <- result{fd, err}
 	}()
 	r := <-done
-	if r.err != nil {
-		t.Fatalf("create netns: %v", r.err)
-	}
-	t.Cleanup(func() { unix.Close(r.fd) })
-	return r.fd
+	return r.fd, r.err
 }
 
 // requireNFNetlink skips the test when no NETLINK_NETFILTER socket can be

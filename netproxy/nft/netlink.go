@@ -365,17 +365,22 @@ const affinitySetSize = 65535
 // their skb's true size, not their length.
 const bytesPerMessage = 2048
 
+// socketBuffer is the netlink socket's least send and receive buffer
+// size. The whole batch is one sendmsg, which fails with EMSGSIZE beyond
+// the send buffer, and the kernel's acknowledgements overflow a small
+// receive buffer with ENOBUFS.
+const socketBuffer = 8 << 20
+
 // bufferSize is the socket buffer size for a batch of msgs messages: at
 // least socketBuffer, at most 1 GiB.
 func bufferSize(msgs int) int {
 	return min(max(socketBuffer, msgs*bytesPerMessage), 1<<30)
 }
 
-// setBufferSize is setBuffers for a given size.
+// setBufferSize raises the socket's send and receive buffers to size. The
+// FORCE options (CAP_NET_ADMIN) go past net.core.rmem_max/wmem_max;
+// without the capability the plain options apply, capped by those limits.
 func setBufferSize(c *mnl.Conn, size int) error {
-	if size <= socketBuffer {
-		return setBuffers(c)
-	}
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("netlink socket: %w", err)
