@@ -122,22 +122,25 @@ func (x *fakeTx) rollback() {
 	}
 }
 
-func (x *fakeTx) setChain(name string, c *fakeChain) {
-	t := x.t
-	old, ok := t.chains[name]
+// put sets m[k] to v, or deletes k when del is set, and records how to
+// undo it.
+func put[K comparable, V any](x *fakeTx, m map[K]V, k K, v V, del bool) {
+	old, ok := m[k]
 	x.undo = append(x.undo, func() {
 		if ok {
-			t.chains[name] = old
+			m[k] = old
 		} else {
-			delete(t.chains, name)
+			delete(m, k)
 		}
 	})
-	if c == nil {
-		delete(t.chains, name)
+	if del {
+		delete(m, k)
 	} else {
-		t.chains[name] = c
+		m[k] = v
 	}
 }
+
+func (x *fakeTx) setChain(name string, c *fakeChain) { put(x, x.t.chains, name, c, c == nil) }
 
 func (x *fakeTx) setRules(c *fakeChain, rules []Rule) {
 	old := c.rules
@@ -145,55 +148,11 @@ func (x *fakeTx) setRules(c *fakeChain, rules []Rule) {
 	c.rules = rules
 }
 
-func (x *fakeTx) setMap(name string, m *fakeMap) {
-	t := x.t
-	old, ok := t.maps[name]
-	x.undo = append(x.undo, func() {
-		if ok {
-			t.maps[name] = old
-		} else {
-			delete(t.maps, name)
-		}
-	})
-	if m == nil {
-		delete(t.maps, name)
-	} else {
-		t.maps[name] = m
-	}
-}
+func (x *fakeTx) setMap(name string, m *fakeMap) { put(x, x.t.maps, name, m, m == nil) }
 
-func (x *fakeTx) setElem(m *fakeMap, k MapKey, v Verdict, add bool) {
-	old, ok := m.elems[k]
-	x.undo = append(x.undo, func() {
-		if ok {
-			m.elems[k] = old
-		} else {
-			delete(m.elems, k)
-		}
-	})
-	if add {
-		m.elems[k] = v
-	} else {
-		delete(m.elems, k)
-	}
-}
+func (x *fakeTx) setElem(m *fakeMap, k MapKey, v Verdict, add bool) { put(x, m.elems, k, v, !add) }
 
-func (x *fakeTx) setSet(name string, s *AddrSet) {
-	t := x.t
-	old, ok := t.sets[name]
-	x.undo = append(x.undo, func() {
-		if ok {
-			t.sets[name] = old
-		} else {
-			delete(t.sets, name)
-		}
-	})
-	if s == nil {
-		delete(t.sets, name)
-	} else {
-		t.sets[name] = s
-	}
-}
+func (x *fakeTx) setSet(name string, s *AddrSet) { put(x, x.t.sets, name, s, s == nil) }
 
 func (x *fakeTx) bump(m map[string]int, k string, d int) {
 	old := m[k]
