@@ -72,6 +72,7 @@ type podManager struct {
 	rand            func(int64) int64
 	events          *eventLog
 	started         time.Time
+	metrics         podMetrics
 
 	mu      sync.Mutex
 	workers map[string]*worker
@@ -244,6 +245,9 @@ type PodView struct {
 	Status corev1.PodStatus
 	State  Lifecycle
 	Events []Event
+	// NetNS is the pod's network namespace, "" for the host's or before
+	// the pod's network is set up.
+	NetNS string
 }
 
 // views returns the workers' current pods and statuses.
@@ -254,7 +258,7 @@ func (m *podManager) views() map[string]PodView {
 	for uid, w := range m.workers {
 		w.mu.Lock()
 		if w.desired != nil {
-			out[uid] = PodView{Pod: w.desired, Status: *w.status.DeepCopy(), State: w.state, Events: m.events.list(uid)}
+			out[uid] = PodView{Pod: w.desired, Status: *w.status.DeepCopy(), State: w.state, Events: m.events.list(uid), NetNS: w.netnsPath}
 		}
 		w.mu.Unlock()
 	}

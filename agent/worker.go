@@ -69,6 +69,8 @@ type worker struct {
 	last    *corev1.Pod // the newest non-nil desired pod, to stop it by its spec
 	status  corev1.PodStatus
 	state   Lifecycle
+	// netnsPath is netns, for readers outside the worker (port-forward).
+	netnsPath string
 
 	// Owned by the worker goroutine.
 	ip        netip.Addr
@@ -136,7 +138,9 @@ func (w *worker) run(ctx context.Context) {
 		w.probing.Wait()
 	}()
 	for {
+		start := w.m.clock.Now()
 		next, done := w.sync(ctx)
+		w.m.metrics.observeSync(w.m.clock.Since(start))
 		if done {
 			return
 		}
@@ -305,6 +309,9 @@ func (w *worker) ensureSandbox(ctx context.Context, pod *corev1.Pod) error {
 			return fmt.Errorf("network: %w", err)
 		}
 		w.netns, w.ip = nsPath, ip
+		w.mu.Lock()
+		w.netnsPath = nsPath
+		w.mu.Unlock()
 	}
 	dir := w.m.podDir(w.uid)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -847,7 +854,7 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 	}
 	start := func(kind prober.Kind, p *corev1.Probe, on func(prober.Result, string)) {
 		pw, err := prober.NewWorker(prober.WorkerConfig{Kind: kind, Probe: p, Target: target, Started: running.StartedAt, Jitter: w.m.restarted(running)},
-			prober.Deps{Clock: w.m.clock, Rand: w.m.rand, OnChange: on})
+			prober.Deps{Clock: w.m.clock, Rand: w.m.rand, OnChange: on, OnAttempt: func(r prober.Result) { w.m.metrics.probe(kind, r) }})
 		if err != nil {
 			w.log.Warn("bad probe", "container", c.Name, "err", err)
 			return

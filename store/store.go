@@ -68,6 +68,8 @@ type Store struct {
 
 	mu   sync.Mutex
 	subs map[Kind][]chan struct{}
+
+	writes writeStats // commits and bytes written, for metrics
 }
 
 // Open opens (or, unless read-only, creates) the store file at path. It
@@ -247,7 +249,10 @@ func (s *Store) SetResumeVersion(resource, version string) error {
 // batch runs fn in a batched write transaction. fn may run more than once
 // and must not keep state between runs.
 func (s *Store) batch(fn func(tx *bolt.Tx) error) error {
-	return s.db.Batch(fn)
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		s.writes.count(tx)
+		return fn(tx)
+	})
 }
 
 func cutPrefix(k []byte, prefix string) (string, bool) {

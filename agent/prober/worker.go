@@ -36,6 +36,10 @@ type Deps struct {
 	// changes, with the message of the attempt that changed it. It must
 	// not block for long: the next probe waits for it.
 	OnChange func(Result, string)
+	// OnAttempt, when set, is called from Run's goroutine with the result
+	// of every attempt, before thresholds (for metrics); attempts cut
+	// short by the end of Run's context are not reported.
+	OnAttempt func(Result)
 }
 
 // Worker runs one probe of one container instance periodically, with
@@ -57,6 +61,7 @@ type Worker struct {
 	clock    clock.Clock
 	rand     func(n int64) int64
 	onChange func(Result, string)
+	attempt  func(Result)
 
 	initialDelay     time.Duration
 	period           time.Duration
@@ -96,6 +101,7 @@ func NewWorker(cfg WorkerConfig, deps Deps) (*Worker, error) {
 		clock:            deps.Clock,
 		rand:             deps.Rand,
 		onChange:         deps.OnChange,
+		attempt:          deps.OnAttempt,
 		initialDelay:     time.Duration(p.InitialDelaySeconds) * time.Second,
 		period:           secondsOr(p.PeriodSeconds, defaultPeriod),
 		successThreshold: intOr(p.SuccessThreshold, defaultSuccessThreshold),
@@ -208,6 +214,9 @@ func (w *Worker) Run(ctx context.Context) {
 			return
 		}
 		r, msg := Do(ctx, w.probe, w.target)
+		if w.attempt != nil && ctx.Err() == nil {
+			w.attempt(r)
+		}
 		if !w.observe(r, msg) || ctx.Err() != nil {
 			return
 		}

@@ -41,6 +41,7 @@ type harness struct {
 	w       *Worker
 	calls   chan call
 	changes chan change
+	tried   chan Result // OnAttempt's calls
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -63,6 +64,7 @@ func newHarness(t *testing.T, cfg WorkerConfig, rnd func(int64) int64) *harness 
 		clk:     clocktest.New(t0),
 		calls:   make(chan call),
 		changes: make(chan change, 16),
+		tried:   make(chan Result, 64),
 		done:    make(chan struct{}),
 	}
 	cfg.Target.Exec = func(ctx context.Context, cmd []string) (int, []byte, error) {
@@ -83,6 +85,12 @@ func newHarness(t *testing.T, cfg WorkerConfig, rnd func(int64) int64) *harness 
 		Clock:    h.clk,
 		Rand:     rnd,
 		OnChange: func(r Result, msg string) { h.changes <- change{r, msg} },
+		OnAttempt: func(r Result) {
+			select {
+			case h.tried <- r:
+			default: // a test that does not look may make many attempts
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -281,6 +289,45 @@ func TestWorkerLivenessFailsAfterFailureThreshold(t *testing.T) {
 	}
 	if n := h.clk.Waiters(); n != 0 {
 		t.Fatalf("%d timers left armed", n)
+	}
+}
+
+// attempted returns the OnAttempt calls made so far.
+func (h *harness) attempted() []Result {
+	var got []Result
+	for {
+		select {
+		case r := <-h.tried:
+			got = append(got, r)
+		default:
+			return got
+		}
+	}
+}
+
+func TestWorkerReportsEveryAttempt(t *testing.T) {
+	pr := execWorkerProbe(func(p *corev1.Probe) { p.FailureThreshold, p.PeriodSeconds = 3, 1 })
+	h := newHarness(t, WorkerConfig{Kind: Readiness, Probe: pr}, nil)
+	for i, r := range []reply{ok, errored, fail, fail} {
+		if i > 0 {
+			h.clk.Advance(time.Second)
+		}
+		h.attempt(time.Duration(i)*time.Second, r)
+	}
+	if got, want := fmt.Sprint(h.attempted()), "[success unknown failure failure]"; got != want {
+		t.Errorf("OnAttempt calls %s, want %s", got, want)
+	}
+	// An attempt cut short by the end of Run is not reported.
+	h.clk.Advance(time.Second)
+	select {
+	case <-h.calls:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no attempt")
+	}
+	h.cancel()
+	<-h.done
+	if got := h.attempted(); len(got) != 0 {
+		t.Errorf("OnAttempt calls after cancel: %v", got)
 	}
 }
 

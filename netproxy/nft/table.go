@@ -166,6 +166,14 @@ func (t *Table) Resync() {
 	t.full = true
 }
 
+// Full reports whether the next Sync will be a full one: the first, or
+// one after a failed apply or Resync (or with another PodCIDR).
+func (t *Table) Full() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.full
+}
+
 // Counts returns the number of chains, rules and map elements the table
 // holds as last applied.
 func (t *Table) Counts() (chains, rules, elements int) {

@@ -99,8 +99,9 @@ type Proxy struct {
 	deps  Deps
 	table *nft.Table
 
-	mu    sync.Mutex
-	stats Stats
+	mu     sync.Mutex
+	stats  Stats
+	counts syncCounts // by kind and result, for metrics
 	// usable remembers each UDP service port's usable endpoints as last
 	// applied, to find the flows to delete; nil before the first sync,
 	// when what an earlier run applied is not known.
@@ -147,13 +148,14 @@ func (p *Proxy) Stats() Stats {
 // Sync reads the store once and applies the difference to the table.
 func (p *Proxy) Sync() error {
 	start := p.deps.Clock.Now()
+	full := p.table.Full()
 	state, udp, nsvc, err := p.state()
 	if err != nil {
-		p.record(start, 0, 0, err)
+		p.record(start, full, 0, 0, err)
 		return err
 	}
 	ops, err := p.table.Sync(state)
-	p.record(start, ops, nsvc, err)
+	p.record(start, full, ops, nsvc, err)
 	if err != nil {
 		return err // "sync table outpost: …"
 	}
@@ -161,12 +163,13 @@ func (p *Proxy) Sync() error {
 	return nil
 }
 
-func (p *Proxy) record(start time.Time, ops, nsvc int, err error) {
+func (p *Proxy) record(start time.Time, full bool, ops, nsvc int, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Syncs++
 	p.stats.Last = p.deps.Clock.Now()
 	p.stats.LastDuration = p.stats.Last.Sub(start)
+	p.counts.add(full, p.stats.LastDuration, err)
 	p.stats.LastOps = ops
 	p.stats.LastError = ""
 	if err != nil {

@@ -1,0 +1,33 @@
+package nft
+
+import "testing"
+
+// TestTableFull: Full tells whether the next Sync is a full one.
+func TestTableFull(t *testing.T) {
+	r := &failing{Fake: NewFake()}
+	tb := NewTable(r)
+	check := func(when string, want bool) {
+		t.Helper()
+		if got := tb.Full(); got != want {
+			t.Errorf("%s: Full() = %v, want %v", when, got, want)
+		}
+	}
+	check("a new table", true)
+	base := tsState()
+	if _, err := tb.Sync(base); err != nil {
+		t.Fatal(err)
+	}
+	check("after a sync", false)
+	r.failApply = true
+	if _, err := tb.Sync(withServices(base, genService(1))); err == nil {
+		t.Fatal("Sync did not fail")
+	}
+	check("after a failed apply", true)
+	r.failApply = false
+	if _, err := tb.Sync(base); err != nil {
+		t.Fatal(err)
+	}
+	check("after the full sync", false)
+	tb.Resync()
+	check("after Resync", true)
+}
