@@ -50,8 +50,9 @@ const (
 // give the task FIFOs to match its spec: a terminal (the spec's
 // process.terminal) and a stdin. Their value is "true" when set.
 const (
-	labelTTY   = "io.outpost.container.tty"
-	labelStdin = "io.outpost.container.stdin"
+	labelTTY       = "io.outpost.container.tty"
+	labelStdin     = "io.outpost.container.stdin"
+	labelStdinOnce = "io.outpost.container.stdin-once"
 )
 
 // Config says which containerd to use and where container I/O goes.
@@ -86,7 +87,10 @@ type Runtime struct {
 	// container with stdin, by ID, for an attach to write to; it is
 	// closed and dropped when the task ends.
 	stdin map[string]io.WriteCloser
-	oom   map[string]bool // containers the kernel OOM-killed
+	// outputs are the output streams of each running container, by ID,
+	// for an attach to join; done is closed when the task's IO ends.
+	outputs map[string]*output
+	oom     map[string]bool // containers the kernel OOM-killed
 	// images caches resolved, unpacked images by normalized reference, so
 	// starting many containers of one image (a reboot) reads its config
 	// from the content store once.
@@ -136,7 +140,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd %s: %w", cfg.Address, err)
 	}
 	r := &Runtime{
-		cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{},
+		cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
 		oom: map[string]bool{}, images: map[string]cachedImage{},
 	}
 	if _, err := r.Version(ctx); err != nil {
@@ -247,6 +251,9 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	}
 	if s.Stdin {
 		labels[labelStdin] = "true"
+	}
+	if s.Stdin && s.StdinOnce {
+		labels[labelStdinOnce] = "true"
 	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
@@ -500,7 +507,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		closeLog()
 		return fmt.Errorf("start %s: create task: %w", id, err)
 	}
-	r.watchIO(id, task.IO(), closeLog)
+	r.watchIO(id, task.IO(), out, errOut, labels[labelStdinOnce] == "true", closeLog)
 	if err := task.Start(ctx); err != nil {
 		task.Delete(ctx, containerd.WithProcessKill)
 		return fmt.Errorf("start %s: %w", id, err)
@@ -529,18 +536,22 @@ func (r *Runtime) logStreams(path string) (out, errOut *lockedStream, closeLog f
 // watchIO marks id attached, keeps its stdin writer if it has one and,
 // when the copy ends (the task exited), closes the FIFOs and the log and
 // clears both.
-func (r *Runtime) watchIO(id string, tio cio.IO, closeLog func()) {
+func (r *Runtime) watchIO(id string, tio cio.IO, out, errOut *lockedStream, stdinOnce bool, closeLog func()) {
+	o := &output{out: out, errOut: errOut, stdinOnce: stdinOnce, done: make(chan struct{})}
 	r.mu.Lock()
 	r.attached[id] = true
 	if s, ok := tio.(*streams); ok && s.stdin() != nil {
 		r.stdin[id] = s.stdin()
 	}
+	r.outputs[id] = o
 	r.mu.Unlock()
 	go func() {
 		tio.Wait()
 		r.mu.Lock()
 		delete(r.stdin, id)
+		delete(r.outputs, id)
 		r.mu.Unlock()
+		close(o.done)
 		tio.Close()
 		closeLog()
 		r.mu.Lock()
@@ -572,7 +583,7 @@ func (r *Runtime) reattach(ctx context.Context, c containerd.Container, labels m
 		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)
 		return
 	}
-	r.watchIO(c.ID(), task.IO(), closeLog)
+	r.watchIO(c.ID(), task.IO(), out, errOut, labels[labelStdinOnce] == "true", closeLog)
 }
 
 // Stop sends the stop signal, waits up to grace, then SIGKILL.
@@ -921,18 +932,47 @@ func notFound(err error) error {
 	return err
 }
 
+// lockedStream is one output stream of a container: its log, and the
+// writers of the attach sessions that joined it.
 type lockedStream struct {
 	mu sync.Mutex
 	s  interface {
 		Write([]byte) (int, error)
 		Close() error
 	}
+	joined []io.Writer
 }
 
+// Write writes p to the log, then to each attached writer; a writer that
+// fails is dropped, so a gone client never stops the log.
 func (l *lockedStream) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.s.Write(p)
+	n, err := l.s.Write(p)
+	for i := 0; i < len(l.joined); i++ {
+		if _, werr := l.joined[i].Write(p); werr != nil {
+			l.joined = append(l.joined[:i], l.joined[i+1:]...)
+			i--
+		}
+	}
+	return n, err
+}
+
+// join adds w to the writers p goes to and returns a func that removes it.
+func (l *lockedStream) join(w io.Writer) (leave func()) {
+	l.mu.Lock()
+	l.joined = append(l.joined, w)
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for i, j := range l.joined {
+			if j == w {
+				l.joined = append(l.joined[:i], l.joined[i+1:]...)
+				return
+			}
+		}
+	}
 }
 
 func (l *lockedStream) Close() error {

@@ -22,11 +22,13 @@ import (
 	ctrd "github.com/outpost-edge/outpost/agent/containerd"
 	"github.com/outpost-edge/outpost/agent/crilog"
 	"github.com/outpost-edge/outpost/agent/podenv"
+	"github.com/outpost-edge/outpost/agent/stats"
 	"github.com/outpost-edge/outpost/agent/volume"
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/internal/sdnotify"
+	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -104,6 +106,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		deps.Link = ksync.linkInfo
 	}
 	var images *imageDir
+	var px *proxy.Proxy // nil with --record-only
 	if !*noPods {
 		rt, err = connectRuntime(ctx, cfg, clk, log)
 		if err != nil {
@@ -144,7 +147,8 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			},
 			TeardownVolumes: vols.Teardown,
 		}
-		nw, px, err := newPodNetwork(ctx, cfg, st, acfg.Pods.HostIP, &running, log)
+		var nw agent.PodNetwork
+		nw, px, err = newPodNetwork(ctx, cfg, st, acfg.Pods.HostIP, &running, log)
 		if err != nil {
 			return err
 		}
@@ -178,6 +182,23 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		kctx, stopKube := context.WithCancel(ctx)
 		wait := ksync.run(kctx)
 		defer func() { stopKube(); wait() }()
+	}
+	api, err := newKubeletAPI(cfg, a, ksync, acfg.Pods.HostIP, metricsWriter(a, st, ksync, px, deps.BoardHealth), stats.New(stats.Options{NodeName: cfg.NodeName, Clock: clk}), clk, log)
+	if err != nil {
+		return err
+	}
+	if api != nil {
+		apiCtx, stopAPI := context.WithCancel(ctx)
+		apiDone := make(chan struct{})
+		go func() {
+			defer close(apiDone)
+			// The pods keep running without the API: a port in use is
+			// logged, not fatal.
+			if err := api.Run(apiCtx); err != nil {
+				log.Error("kubelet api stopped", "err", err)
+			}
+		}()
+		defer func() { stopAPI(); <-apiDone }()
 	}
 	if images != nil {
 		images.onImport = a.WakePods

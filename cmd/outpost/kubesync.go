@@ -25,7 +25,8 @@ import (
 // certificate it runs on.
 type kubeSync struct {
 	*kube.Syncer
-	boot *kube.Bootstrapper // nil without bootstrapKubeconfig
+	boot   *kube.Bootstrapper // nil without bootstrapKubeconfig
+	client *kube.Client
 }
 
 // newKubeSync reads the kubeconfig (or the bootstrap credentials) and
@@ -57,6 +58,7 @@ func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	if err != nil {
 		return nil, usageError{fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)}
 	}
+	k.client = client
 	taints := make([]corev1.Taint, len(cfg.Node.Taints))
 	for i, t := range cfg.Node.Taints {
 		taints[i] = corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)}

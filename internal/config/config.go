@@ -114,8 +114,21 @@ type Network struct {
 
 // Server is the kubelet-style HTTPS API.
 type Server struct {
-	// Address is host:port to listen on.
+	// Address is host:port to listen on; "" serves no API.
 	Address string `json:"address"`
+	// TLSCertFile and TLSKeyFile are the serving certificate and key;
+	// empty makes a self-signed one in stateDir/pki.
+	TLSCertFile string `json:"tlsCertFile"`
+	TLSKeyFile  string `json:"tlsKeyFile"`
+	// ClientCAFile holds the CAs whose client certificates authenticate
+	// (the API server's kubelet client CA); empty accepts none.
+	ClientCAFile string `json:"clientCAFile"`
+	// Anonymous lets requests without credentials in as system:anonymous,
+	// still subject to authorization.
+	Anonymous bool `json:"anonymous"`
+	// LocalGroups are the groups whose client certificate users are
+	// authorized when the API server cannot be asked.
+	LocalGroups []string `json:"localGroups"`
 }
 
 // Log sets logging.
@@ -148,7 +161,7 @@ func Default() Config {
 			ClusterDNS:    "10.43.0.10",
 			ClusterDomain: "cluster.local",
 		},
-		Server: Server{Address: ":10250"},
+		Server: Server{Address: ":10250", LocalGroups: []string{"system:masters"}},
 		Log:    Log{Level: "info", Format: "text"},
 	}
 }
@@ -321,13 +334,25 @@ func (c Config) validate(name string) error {
 	if errs := validation.IsDNS1123Subdomain(c.Network.ClusterDomain); len(errs) > 0 {
 		bad("network.clusterDomain", "%q is not a DNS domain: %s", c.Network.ClusterDomain, errs[0])
 	}
-	if host, port, err := net.SplitHostPort(c.Server.Address); err != nil {
+	if c.Server.Address == "" {
+		// No API served.
+	} else if host, port, err := net.SplitHostPort(c.Server.Address); err != nil {
 		bad("server.address", "%q is not host:port", c.Server.Address)
 	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		bad("server.address", "port %q is not a number from 1 to 65535", port)
 	} else if host != "" {
 		if _, err := netip.ParseAddr(host); err != nil {
 			bad("server.address", "host %q is not an IP address", host)
+		}
+	}
+	if (c.Server.TLSCertFile == "") != (c.Server.TLSKeyFile == "") {
+		bad("server.tlsKeyFile", "server.tlsCertFile and server.tlsKeyFile go together")
+	}
+	for _, f := range []struct{ field, path string }{
+		{"server.tlsCertFile", c.Server.TLSCertFile}, {"server.tlsKeyFile", c.Server.TLSKeyFile}, {"server.clientCAFile", c.Server.ClientCAFile},
+	} {
+		if f.path != "" && !filepath.IsAbs(f.path) {
+			bad(f.field, "%q is not an absolute path", f.path)
 		}
 	}
 	switch c.Log.Level {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned tools the end-to-end tests run: etcd, kube-apiserver,
-# kube-controller-manager, kubectl, distribution's OCI registry, and nfpm for the package test
+# kube-controller-manager, kubectl, metrics-server, distribution's OCI
+# registry, and nfpm for the package test
 # (scripts/packaging/tools.sh), from the Go module proxy, into a cache
 # directory outside the repository ($OUTPOST_TOOLS, default
 # /var/cache/outpost-testenv). A tool already present at its pinned
@@ -15,6 +16,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
+METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.8.0}
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
 BIN="$TOOLS/bin"
 mkdir -p "$BIN" "$TOOLS/src"
@@ -121,6 +123,22 @@ build_registry() {
 	echo "$REGISTRY_VERSION" >"$BIN/.registry.version"
 }
 
+build_metrics_server() {
+	if [[ "$(stamp metrics-server)" == "$METRICS_SERVER_VERSION" && -x "$BIN/metrics-server" ]]; then
+		echo "testenv: metrics-server $METRICS_SERVER_VERSION already built"
+		return
+	fi
+	local src="$TOOLS/src/metrics-server-$METRICS_SERVER_VERSION"
+	rm -rf "$src" && mkdir -p "$src" && cd "$src"
+	echo "testenv: building metrics-server $METRICS_SERVER_VERSION"
+	# A module of its own requiring only metrics-server: it has no replace
+	# directives, so the build list is the one its own go.mod pins.
+	go mod init outpost.test/metrics-server >/dev/null 2>&1
+	go get "sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION" >/dev/null
+	go build -trimpath -ldflags '-s -w' -o "$BIN/metrics-server" sigs.k8s.io/metrics-server/cmd/metrics-server
+	echo "$METRICS_SERVER_VERSION" >"$BIN/.metrics-server.version"
+}
+
 if [[ "${1:-}" == kube-proxy ]]; then
 	build_kube_proxy
 	echo "testenv: kube-proxy in $BIN"
@@ -128,6 +146,7 @@ if [[ "${1:-}" == kube-proxy ]]; then
 fi
 build_etcd
 build_kube
+build_metrics_server
 build_registry
 "$HERE/../packaging/tools.sh" >/dev/null
 echo "testenv: tools in $BIN"

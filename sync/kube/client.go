@@ -6,6 +6,7 @@ import (
 	"os"
 
 	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	certsv1 "k8s.io/api/certificates/v1"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,7 +29,9 @@ func init() {
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme, coordv1.AddToScheme, discoveryv1.AddToScheme, certsv1.AddToScheme,
 		// TokenRequest, which Core posts to serviceaccounts/<name>/token.
-		authnv1.AddToScheme,
+		// TokenReview and SubjectAccessReview, which the kubelet API
+		// posts to authenticate and authorize its clients.
+		authnv1.AddToScheme, authzv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			panic(err) // a programming error: the scheme is static
@@ -54,6 +57,10 @@ type Client struct {
 	Discovery rest.Interface
 	// Certificates is certificates/v1: certificate signing requests.
 	Certificates rest.Interface
+	// Authentication is authentication/v1: token reviews.
+	Authentication rest.Interface
+	// Authorization is authorization/v1: subject access reviews.
+	Authorization rest.Interface
 	// Config is the connection the clients were made from.
 	Config *rest.Config
 }
@@ -77,6 +84,8 @@ func NewClient(cfg *rest.Config, userAgent string) (*Client, error) {
 		{&c.Coordination, coordv1.SchemeGroupVersion, "/apis"},
 		{&c.Discovery, discoveryv1.SchemeGroupVersion, "/apis"},
 		{&c.Certificates, certsv1.SchemeGroupVersion, "/apis"},
+		{&c.Authentication, authnv1.SchemeGroupVersion, "/apis"},
+		{&c.Authorization, authzv1.SchemeGroupVersion, "/apis"},
 	} {
 		gc := rest.CopyConfig(cfg)
 		gv := g.gv

@@ -41,6 +41,11 @@ type APIServer struct {
 	Config *rest.Config
 	// CA signs the serving and client certificates (and is the client CA).
 	CA *CA
+	// ClientCAFile is the PEM file of the CA that signs the API server's
+	// client certificates, its kubelet client certificate among them
+	// (CN kube-apiserver-kubelet-client, O system:masters): what a
+	// node's kubelet API trusts for client certificates.
+	ClientCAFile string
 	// Dir holds the certificates, token file and logs.
 	Dir string
 
@@ -64,7 +69,9 @@ const AdminToken = "outpost-e2e-admin-token"
 // StartAPIServer starts etcd and kube-apiserver on free loopback ports with
 // a generated CA, serving certificate, service-account key and token file,
 // writes an admin kubeconfig, waits for /readyz, and stops both in t's
-// cleanup.
+// cleanup. kube-apiserver calls kubelets at their InternalIP with a
+// client certificate from the CA (see ClientCAFile), and runs the
+// aggregation layer with a front-proxy CA of its own (StartMetricsServer).
 //
 // With -short (make test-unit, and the ARM unit tests under qemu) it skips
 // the test: starting a control plane is not a unit test.
@@ -102,6 +109,23 @@ func StartAPIServer(t testing.TB) *APIServer {
 	must(err)
 	must(os.WriteFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o600))
 	must(os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(AdminToken+",admin,admin-uid,system:masters\n"), 0o600))
+	// The client certificate kube-apiserver presents to kubelets (logs,
+	// exec, port-forward), as kubeadm issues it.
+	a.ClientCAFile = filepath.Join(dir, "ca.crt")
+	kubeletCert, kubeletKey, err := ca.Issue(pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}, nil, nil, x509.ExtKeyUsageClientAuth)
+	must(err)
+	must(os.WriteFile(filepath.Join(dir, "apiserver-kubelet-client.crt"), kubeletCert, 0o600))
+	must(os.WriteFile(filepath.Join(dir, "apiserver-kubelet-client.key"), kubeletKey, 0o600))
+	// The aggregation layer's front proxy: a CA of its own, whose client
+	// certificate kube-apiserver presents to extension API servers
+	// (metrics-server) with the user in X-Remote-* headers.
+	frontCA, err := NewCA("outpost-e2e-front-proxy-ca")
+	must(err)
+	must(frontCA.WriteCert(filepath.Join(dir, "front-proxy-ca.crt")))
+	proxyCert, proxyKey, err := frontCA.Issue(pkix.Name{CommonName: "front-proxy-client"}, nil, nil, x509.ExtKeyUsageClientAuth)
+	must(err)
+	must(os.WriteFile(filepath.Join(dir, "front-proxy-client.crt"), proxyCert, 0o600))
+	must(os.WriteFile(filepath.Join(dir, "front-proxy-client.key"), proxyKey, 0o600))
 
 	// etcd
 	clientPort, peerPort := FreePort(t), FreePort(t)
@@ -140,6 +164,22 @@ func StartAPIServer(t testing.TB) *APIServer {
 		// No kubernetes Service endpoints for a loopback address.
 		"--endpoint-reconciler-type", "none",
 		"--profiling=false",
+		// kube-apiserver to kubelet, as a real cluster runs it; the
+		// node's serving certificate is self-signed, so no
+		// --kubelet-certificate-authority.
+		"--kubelet-client-certificate", filepath.Join(dir, "apiserver-kubelet-client.crt"),
+		"--kubelet-client-key", filepath.Join(dir, "apiserver-kubelet-client.key"),
+		"--kubelet-preferred-address-types", "InternalIP",
+		// The aggregation layer, for metrics-server. Requests go to the
+		// endpoint's address: no kube-proxy serves ClusterIPs here.
+		"--requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"),
+		"--proxy-client-cert-file", filepath.Join(dir, "front-proxy-client.crt"),
+		"--proxy-client-key-file", filepath.Join(dir, "front-proxy-client.key"),
+		"--requestheader-allowed-names", "front-proxy-client",
+		"--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+		"--requestheader-group-headers", "X-Remote-Group",
+		"--requestheader-username-headers", "X-Remote-User",
+		"--enable-aggregator-routing=true",
 	}
 	a.Start(t)
 

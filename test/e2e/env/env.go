@@ -246,3 +246,10 @@ func unmountUnder(dir string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Tool returns the path of a test tool (kubectl, metrics-server, ...),
+// failing t when it has not been built.
+func Tool(t testing.TB, name string) string {
+	t.Helper()
+	return lookTool(t, name)
+}

@@ -1,0 +1,227 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+
+	"github.com/outpost-edge/outpost/agent"
+)
+
+// output is what an attach joins: a running container's output streams
+// and whether its stdin closes after the first attach.
+type output struct {
+	out, errOut *lockedStream
+	stdinOnce   bool
+	done        chan struct{} // closed when the task's IO has ended
+}
+
+// ExecStream runs cmd in the running container id with the caller's
+// streams, as kubectl exec does, and returns the command's exit code.
+// With s.TTY the process gets a terminal whose output goes to s.Stdout
+// and whose size follows s.Resize. When ctx ends the process is killed.
+func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s agent.StreamIO) (int, error) {
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", id, notFound(err))
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", id, notFound(err))
+	}
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	proc := *spec.Process
+	proc.Args, proc.Terminal = cmd, s.TTY
+	var stdin io.Reader
+	var in *stdinCloser
+	if s.Stdin != nil {
+		// The shim keeps the process's stdin open after the FIFO's
+		// writer goes: when the client's input ends, CloseIO tells it
+		// to close it, so a command reading to the end (wc, cat) ends.
+		in = &stdinCloser{r: s.Stdin, ready: make(chan struct{}), close: func() {}}
+		stdin = in
+		defer in.arm(nil) // a process that never started has nothing to close
+	}
+	var stdout, stderr io.Writer = io.Discard, io.Discard
+	if s.Stdout != nil {
+		stdout = s.Stdout
+	}
+	if s.Stderr != nil && !s.TTY {
+		stderr = s.Stderr
+	}
+	opts := []cio.Opt{cio.WithFIFODir(r.cfg.FIFODir), cio.WithStreams(stdin, stdout, stderr)}
+	if s.TTY {
+		opts = append(opts, cio.WithTerminal)
+	}
+	execID := fmt.Sprintf("exec-%d", r.deps.Clock.Now().UnixNano())
+	p, err := task.Exec(ctx, execID, &proc, cio.NewCreator(opts...))
+	if err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	defer p.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+	exitc, err := p.Wait(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	if err := p.Start(ctx); err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	if in != nil {
+		in.arm(func() { p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser) })
+	}
+	resizeDone := make(chan struct{})
+	defer close(resizeDone)
+	if s.TTY && s.Resize != nil {
+		go func() {
+			for {
+				select {
+				case sz, ok := <-s.Resize:
+					if !ok {
+						return
+					}
+					p.Resize(ctx, uint32(sz.Width), uint32(sz.Height))
+				case <-resizeDone:
+					return
+				}
+			}
+		}()
+	}
+	select {
+	case st := <-exitc:
+		p.IO().Wait()
+		return int(st.ExitCode()), nil
+	case <-ctx.Done():
+		p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		return 0, fmt.Errorf("exec in %s: %w", id, ctx.Err())
+	}
+}
+
+// stdinCloser passes the client's stdin through and, at its end, calls
+// close once the process has started.
+type stdinCloser struct {
+	r       io.Reader
+	ready   chan struct{}
+	close   func()
+	once    sync.Once
+	armOnce sync.Once
+}
+
+// arm sets what closes the stdin (nil: nothing) and lets it run.
+func (s *stdinCloser) arm(closer func()) {
+	s.armOnce.Do(func() {
+		if closer != nil {
+			s.close = closer
+		}
+		close(s.ready)
+	})
+}
+
+func (s *stdinCloser) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil {
+		s.once.Do(func() {
+			go func() {
+				<-s.ready
+				s.close()
+			}()
+		})
+	}
+	return n, err
+}
+
+// Attach joins the running container id's output and, when the container
+// has stdin and s.Stdin is set, writes s.Stdin to it, until ctx ends or
+// the container exits. A container with stdinOnce has its stdin closed
+// when the first attach with stdin ends, as kubelet's runtimes do.
+func (r *Runtime) Attach(ctx context.Context, id string, s agent.StreamIO) error {
+	r.mu.Lock()
+	o := r.outputs[id]
+	in := r.stdin[id]
+	r.mu.Unlock()
+	if o == nil {
+		return fmt.Errorf("attach to %s: %w: it is not running", id, agent.ErrNotFound)
+	}
+	gone := make(chan struct{})
+	var goneOnce sync.Once
+	leave := func() { goneOnce.Do(func() { close(gone) }) }
+	if s.Stdout != nil {
+		defer o.out.join(&watchedWriter{w: s.Stdout, failed: leave})()
+	}
+	if s.Stderr != nil && !s.TTY {
+		defer o.errOut.join(&watchedWriter{w: s.Stderr, failed: leave})()
+	}
+	if s.Stdin != nil && in != nil {
+		go func() {
+			_, err := io.Copy(in, s.Stdin)
+			if o.stdinOnce {
+				in.Close()
+			}
+			if err != nil && !errors.Is(err, io.ErrClosedPipe) {
+				r.deps.Log.Debug("attach stdin", "container", id, "err", err)
+			}
+			// The client's input ended: it has gone, as kubectl attach
+			// closes its streams together.
+			leave()
+		}()
+	}
+	if s.TTY && s.Resize != nil {
+		go r.resizeTask(ctx, id, s.Resize, o.done)
+	}
+	select {
+	case <-ctx.Done():
+	case <-o.done:
+	case <-gone:
+	}
+	return nil
+}
+
+// watchedWriter calls failed once its writer has failed: the attached
+// client has gone.
+type watchedWriter struct {
+	w      io.Writer
+	failed func()
+}
+
+func (w *watchedWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	if err != nil {
+		w.failed()
+	}
+	return n, err
+}
+
+// resizeTask applies terminal sizes to the container's task until done.
+func (r *Runtime) resizeTask(ctx context.Context, id string, sizes <-chan agent.TermSize, done <-chan struct{}) {
+	ctx = r.ctx(ctx)
+	c, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return
+	}
+	for {
+		select {
+		case sz, ok := <-sizes:
+			if !ok {
+				return
+			}
+			task.Resize(ctx, uint32(sz.Width), uint32(sz.Height))
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}

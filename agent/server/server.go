@@ -1,0 +1,195 @@
+// Package server is the node's kubelet-style HTTPS API: what the API
+// server calls for kubectl logs, exec, attach, port-forward and top, and
+// what Prometheus and metrics-server scrape. Requests are authenticated
+// (x509 client certificates, bearer tokens through TokenReview) and
+// authorized (SubjectAccessReview) as kubelet does it.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/promtext"
+)
+
+// Config is the server's part of the configuration.
+type Config struct {
+	// Address is host:port to listen on (":10250").
+	Address  string
+	NodeName string
+	// CertFile and KeyFile are the serving certificate; empty makes a
+	// self-signed one in CertDir for Hosts (names and IP addresses).
+	CertFile, KeyFile string
+	CertDir           string
+	Hosts             []string
+	// ClientCAFile holds the CAs whose client certificates authenticate
+	// (the API server's kubelet client CA); empty accepts none.
+	ClientCAFile string
+	// Anonymous lets requests without credentials in as system:anonymous
+	// (they are still authorized).
+	Anonymous bool
+	// LocalGroups are the groups whose certificate users are authorized
+	// when the API server cannot be asked (standalone, or offline with no
+	// earlier decision).
+	LocalGroups []string
+	// LogDir is where the CRI logs of containers are (/var/log/pods).
+	LogDir string
+	// StreamIdleTimeout ends an exec, attach or port-forward session
+	// idle that long (kubelet's default, 4h, when 0).
+	StreamIdleTimeout time.Duration
+}
+
+// Deps are the server's collaborators; Node, Clock and Log are required.
+type Deps struct {
+	Node Node
+	// Reviewer checks tokens and access with the API server; nil when
+	// the agent runs standalone.
+	Reviewer  Reviewer
+	Metrics   Metrics
+	Resources Resources
+	Clock     clock.Clock
+	Log       *slog.Logger
+}
+
+// Server is the kubelet-style HTTPS API.
+type Server struct {
+	cfg       Config
+	deps      Deps
+	clientCAs *x509.CertPool
+	tokens    ttlCache[tokenResult]
+	decisions ttlCache[decision]
+	mux       *http.ServeMux
+}
+
+// New checks cfg and returns a server; it listens on nothing yet.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if deps.Node == nil || deps.Clock == nil || deps.Log == nil {
+		return nil, errors.New("kubelet api: node, clock and logger are required")
+	}
+	if cfg.StreamIdleTimeout == 0 {
+		cfg.StreamIdleTimeout = 4 * time.Hour
+	}
+	s := &Server{cfg: cfg, deps: deps}
+	if cfg.ClientCAFile != "" {
+		pool, err := loadClientCAs(cfg.ClientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		s.clientCAs = pool
+	}
+	s.routes()
+	return s, nil
+}
+
+// Run serves HTTPS on cfg.Address until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	cert, err := s.servingCert()
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", s.cfg.Address)
+	if err != nil {
+		return fmt.Errorf("kubelet api: %w", err)
+	}
+	return s.Serve(ctx, ln, cert)
+}
+
+// Serve serves HTTPS on ln with cert until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, cert tls.Certificate) error {
+	tlsCfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+		// Certificates are checked by authenticate, so one that does not
+		// verify is a 401 with a reason instead of a failed handshake.
+		ClientAuth: tls.RequestClientCert,
+		NextProtos: []string{"http/1.1"},
+	}
+	srv := &http.Server{
+		Handler:           s,
+		TLSConfig:         tlsCfg,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(tls.NewListener(ln, tlsCfg)) }()
+	s.deps.Log.Info("kubelet api serving", "address", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("kubelet api: %w", err)
+	case <-ctx.Done():
+	}
+	shut, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shut); err != nil {
+		srv.Close()
+	}
+	<-errc
+	return nil
+}
+
+// ServeHTTP authenticates and authorizes the request, then serves it.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u, status, msg := s.authenticate(r)
+	if status != 0 {
+		http.Error(w, msg, status)
+		return
+	}
+	if status, msg := s.authorize(r, u); status != 0 {
+		http.Error(w, msg, status)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// Node is what the server reads and drives on the node. agent implements
+// it over its pod workers and runtime.
+type Node interface {
+	// Pods returns the pods the node runs, each with its current status.
+	Pods() []*corev1.Pod
+	// Exec runs cmd in a running container of the pod with this UID,
+	// copying its streams, and returns the command's exit code.
+	Exec(ctx context.Context, podUID, container string, cmd []string, s Streams) (int, error)
+	// Attach joins the running container's own stdin and output until ctx
+	// ends or the container exits.
+	Attach(ctx context.Context, podUID, container string, s Streams) error
+	// PortForward copies between stream and a connection to port on the
+	// pod's loopback address, inside the pod's network namespace.
+	PortForward(ctx context.Context, podUID string, port int32, stream io.ReadWriteCloser) error
+}
+
+// Streams are a streaming session's ends. Nil ends are not requested.
+type Streams struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.WriteCloser
+	TTY            bool
+	// Resize delivers terminal size changes with TTY; nil without.
+	Resize <-chan TermSize
+}
+
+// TermSize is a terminal's size.
+type TermSize struct{ Width, Height uint16 }
+
+// Metrics write the agent's Prometheus families for /metrics.
+type Metrics func(p *promtext.Writer)
+
+// Resources serve the resource usage endpoints.
+type Resources interface {
+	// WriteResource writes /metrics/resource: node, pod and container CPU
+	// and memory in the text format metrics-server reads.
+	WriteResource(w io.Writer, pods []*corev1.Pod) error
+	// Summary returns /stats/summary's JSON document.
+	Summary(pods []*corev1.Pod) (any, error)
+}

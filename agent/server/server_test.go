@@ -1,0 +1,430 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"math/big"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/promtext"
+)
+
+// fakeNode runs "commands" in memory: echo prints its arguments, exit N
+// exits with N, cat copies stdin to stdout.
+type fakeNode struct {
+	pods []*corev1.Pod
+}
+
+func (f *fakeNode) Pods() []*corev1.Pod {
+	out := make([]*corev1.Pod, len(f.pods))
+	for i, p := range f.pods {
+		out[i] = p.DeepCopy()
+	}
+	return out
+}
+
+func (f *fakeNode) Exec(ctx context.Context, uid, container string, cmd []string, s Streams) (int, error) {
+	switch cmd[0] {
+	case "echo":
+		fmt.Fprintln(s.Stdout, strings.Join(cmd[1:], " "))
+		return 0, nil
+	case "exit":
+		var n int
+		fmt.Sscan(cmd[1], &n)
+		if s.Stderr != nil {
+			fmt.Fprintln(s.Stderr, "exiting")
+		}
+		return n, nil
+	case "cat":
+		io.Copy(s.Stdout, s.Stdin)
+		return 0, nil
+	}
+	return 0, errors.New("no such command")
+}
+
+func (f *fakeNode) Attach(ctx context.Context, uid, container string, s Streams) error {
+	io.Copy(s.Stdout, s.Stdin)
+	return nil
+}
+
+func (f *fakeNode) PortForward(ctx context.Context, uid string, port int32, stream io.ReadWriteCloser) error {
+	fmt.Fprintf(stream, "port %d\n", port)
+	return nil
+}
+
+// fakeReviewer accepts token "good" as alice and allows alice only.
+type fakeReviewer struct {
+	mu      sync.Mutex
+	down    bool
+	reviews int
+	asked   []string
+}
+
+func (r *fakeReviewer) ReviewToken(ctx context.Context, token string) (User, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down {
+		return User{}, false, errors.New("connection refused")
+	}
+	r.reviews++
+	if token == "good" {
+		return User{Name: "alice", Groups: []string{"devs"}}, true, nil
+	}
+	return User{}, false, nil
+}
+
+func (r *fakeReviewer) Authorize(ctx context.Context, u User, verb, sub, node string) (bool, string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down {
+		return false, "", errors.New("connection refused")
+	}
+	r.asked = append(r.asked, u.Name+" "+verb+" "+sub+" "+node)
+	if u.Name == "alice" {
+		return true, "", nil
+	}
+	return false, "no RBAC policy matched", nil
+}
+
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newCA(t *testing.T) *testCA {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return &testCA{c, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+func (ca *testCA) client(t *testing.T, cn string, groups ...string) tls.Certificate {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn, Organization: groups},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+type harness struct {
+	t    *testing.T
+	url  string
+	ca   *testCA
+	rev  *fakeReviewer
+	logs string
+	node *fakeNode
+}
+
+func start(t *testing.T, standalone bool) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	ca := newCA(t)
+	caFile := filepath.Join(dir, "ca.crt")
+	os.WriteFile(caFile, ca.pem, 0o644)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "u1"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "httpd"}}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "httpd", ContainerID: "containerd://c1",
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}}
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "secret-pod", UID: "u2"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main"}}}}
+	h := &harness{t: t, ca: ca, logs: filepath.Join(dir, "logs"), node: &fakeNode{pods: []*corev1.Pod{pod, other}}}
+	logDir := filepath.Join(h.logs, "default_web_u1", "httpd")
+	os.MkdirAll(logDir, 0o755)
+	now := time.Now().UTC()
+	var b bytes.Buffer
+	for i := 1; i <= 5; i++ {
+		fmt.Fprintf(&b, "%s stdout F line %d\n", now.Add(time.Duration(i-10)*time.Minute).Format(time.RFC3339Nano), i)
+	}
+	os.WriteFile(filepath.Join(logDir, "1.log"), b.Bytes(), 0o644)
+	os.WriteFile(filepath.Join(logDir, "0.log"), []byte(now.Add(-time.Hour).Format(time.RFC3339Nano)+" stderr F before restart\n"), 0o644)
+	deps := Deps{Node: h.node, Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler),
+		Metrics: func(p *promtext.Writer) { p.Family("outpost_up", "Up.", promtext.Gauge); p.Sample("outpost_up", 1) }}
+	if !standalone {
+		h.rev = &fakeReviewer{}
+		deps.Reviewer = h.rev
+	}
+	s, err := New(Config{NodeName: "n1", CertDir: filepath.Join(dir, "pki"), Hosts: []string{"n1", "127.0.0.1"},
+		ClientCAFile: caFile, LocalGroups: []string{"system:masters"}, LogDir: h.logs}, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := s.servingCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Serve(ctx, ln, cert); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	h.url = "https://" + ln.Addr().String()
+	return h
+}
+
+// get makes a request with a client certificate (cert non-nil) or a
+// bearer token, and returns status and body.
+func (h *harness) do(method, path string, cert *tls.Certificate, token string) (int, string) {
+	h.t.Helper()
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+	if cert != nil {
+		tr.TLSClientConfig.Certificates = []tls.Certificate{*cert}
+	}
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequest(method, h.url+path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		h.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestAuth(t *testing.T) {
+	h := start(t, false)
+	admin := h.ca.client(t, "admin", "system:masters")
+	bob := h.ca.client(t, "bob")
+	other := newCA(t).client(t, "mallory", "system:masters")
+	cases := []struct {
+		name   string
+		cert   *tls.Certificate
+		token  string
+		path   string
+		status int
+		body   string
+	}{
+		{"no credentials", nil, "", "/pods", 401, "Unauthorized"},
+		{"certificate of another CA", &other, "", "/pods", 401, "certificate signed by unknown authority"},
+		{"bad token", nil, "bad", "/pods", 401, "Unauthorized"},
+		{"good token", nil, "good", "/healthz", 200, "ok"},
+		{"certificate, denied", &bob, "", "/metrics", 403, "Forbidden (user=bob, verb=get, resource=nodes, subresource=metrics)"},
+		{"certificate, admin group is not enough online", &admin, "", "/pods", 403, "no RBAC policy matched"},
+	}
+	for _, c := range cases {
+		status, body := h.do("GET", c.path, c.cert, c.token)
+		if status != c.status || !strings.Contains(body, c.body) {
+			t.Errorf("%s: got %d %q, want %d containing %q", c.name, status, body, c.status, c.body)
+		}
+	}
+	h.rev.mu.Lock()
+	asked := strings.Join(h.rev.asked, "\n")
+	h.rev.mu.Unlock()
+	for _, want := range []string{"alice get healthz n1", "bob get metrics n1", "admin get pods n1", "admin get proxy n1"} {
+		if !strings.Contains(asked, want) {
+			t.Errorf("reviews asked:\n%s\nwant %q", asked, want)
+		}
+	}
+	// Cached: the token is not reviewed again.
+	h.do("GET", "/healthz", nil, "good")
+	if h.rev.reviews != 2 {
+		t.Errorf("token reviews = %d, want 2 (good and bad once each)", h.rev.reviews)
+	}
+	// Offline: the cached decision for alice stands, tokens not yet
+	// cached fail closed, an admin certificate gets in by its group.
+	h.rev.mu.Lock()
+	h.rev.down = true
+	h.rev.mu.Unlock()
+	if status, body := h.do("GET", "/pods", nil, "other-token"); status != 401 {
+		t.Errorf("offline, new token: %d %q, want 401", status, body)
+	}
+	if status, body := h.do("GET", "/pods", &admin, ""); status != 403 {
+		// admin's denial within the day stands.
+		t.Errorf("offline, admin denied earlier: %d %q, want 403", status, body)
+	}
+	admin2 := h.ca.client(t, "root", "system:masters")
+	if status, body := h.do("GET", "/healthz", &admin2, ""); status != 200 {
+		t.Errorf("offline, admin certificate: %d %q, want 200", status, body)
+	}
+	if status, _ := h.do("GET", "/healthz", &bob, ""); status != 403 {
+		t.Errorf("offline, certificate outside the local groups: %d, want 403", status)
+	}
+}
+
+func TestStandalone(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	bob := h.ca.client(t, "bob")
+	if status, body := h.do("GET", "/pods", &admin, ""); status != 200 || !strings.Contains(body, `"name":"web"`) {
+		t.Errorf("admin /pods: %d %q", status, body)
+	}
+	if status, body := h.do("GET", "/pods", &bob, ""); status != 403 || !strings.Contains(body, "server.localGroups") {
+		t.Errorf("bob /pods: %d %q", status, body)
+	}
+	if status, body := h.do("GET", "/pods", nil, "good"); status != 401 || !strings.Contains(body, "standalone") {
+		t.Errorf("token /pods: %d %q", status, body)
+	}
+}
+
+func TestLogs(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	cases := []struct {
+		path   string
+		status int
+		body   string
+	}{
+		{"/containerLogs/default/web/httpd", 200, "line 1\nline 2\nline 3\nline 4\nline 5\n"},
+		{"/containerLogs/default/web/httpd?tailLines=2", 200, "line 4\nline 5\n"},
+		{"/containerLogs/default/web/httpd?limitBytes=8", 200, "line 1\nl"},
+		{"/containerLogs/default/web/httpd?sinceSeconds=420", 200, "line 4\nline 5\n"},
+		{"/containerLogs/default/web/httpd?previous=true", 200, "before restart\n"},
+		{"/containerLogs/default/web/httpd?tailLines=x", 400, `tailLines: "x" is not an integer`},
+		{"/containerLogs/default/web/httpd?tailLines=-1", 400, "tailLines: -1 is less than 0"},
+		{"/containerLogs/default/web/httpd?limitBytes=0", 400, "limitBytes: 0 is less than 1"},
+		{"/containerLogs/default/web/httpd?follow=maybe", 400, `follow: "maybe" is not true or false`},
+		{"/containerLogs/default/web/httpd?sinceTime=yesterday", 400, "sinceTime"},
+		{"/containerLogs/default/web/httpd?sinceSeconds=5&sinceTime=2026-01-01T00:00:00Z", 400, "only one of sinceSeconds and sinceTime"},
+		{"/containerLogs/default/web/nginx", 404, `container "nginx" is not in pod default/web`},
+		{"/containerLogs/default/nope/httpd", 404, "pod default/nope is not on this node"},
+		{"/containerLogs/kube-system/secret-pod/main", 400, "has no log yet"},
+		{"/containerLogs/default/web/..%2f..%2fkube-system_secret-pod_u2%2fmain", 404, "is not in pod"},
+	}
+	for _, c := range cases {
+		status, body := h.do("GET", c.path, &admin, "")
+		if status != c.status || !strings.Contains(body, c.body) {
+			t.Errorf("%s: got %d %q, want %d containing %q", c.path, status, body, c.status, c.body)
+		}
+	}
+	status, body := h.do("GET", "/containerLogs/default/web/httpd?timestamps=1&tailLines=1", &admin, "")
+	if status != 200 || !strings.HasSuffix(body, " line 5\n") || len(body) < 20 {
+		t.Errorf("timestamps: %d %q", status, body)
+	}
+}
+
+func TestPodsAndMetrics(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	status, body := h.do("GET", "/pods", &admin, "")
+	var list corev1.PodList
+	if status != 200 || json.Unmarshal([]byte(body), &list) != nil || len(list.Items) != 2 || list.Kind != "PodList" {
+		t.Errorf("/pods: %d %q", status, body)
+	}
+	status, body = h.do("GET", "/metrics", &admin, "")
+	if status != 200 || !strings.Contains(body, "outpost_up 1") {
+		t.Errorf("/metrics: %d %q", status, body)
+	}
+	if status, _ := h.do("GET", "/metrics/resource", &admin, ""); status != 404 {
+		t.Errorf("/metrics/resource with no Resources: %d", status)
+	}
+	if status, _ := h.do("GET", "/nothing", &admin, ""); status != 404 {
+		t.Errorf("/nothing: %d", status)
+	}
+}
+
+func TestExec(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	u, _ := url.Parse(h.url)
+	cfg := &rest.Config{Host: u.Host, TLSClientConfig: rest.TLSClientConfig{Insecure: true,
+		CertData: pemCert(admin), KeyData: pemKey(t, admin)}}
+	exec := func(query string, stdin io.Reader) (string, string, error) {
+		eu, _ := url.Parse(h.url + "/exec/default/web/httpd?" + query)
+		ex, err := remotecommand.NewSPDYExecutor(cfg, "POST", eu)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The streams must be the ones the query asks for, as kubectl
+		// makes them: the server counts what it receives.
+		var out, errOut bytes.Buffer
+		opts := remotecommand.StreamOptions{Stdin: stdin, Stdout: &out}
+		if strings.Contains(query, "error=1") {
+			opts.Stderr = &errOut
+		}
+		err = ex.StreamWithContext(context.Background(), opts)
+		return out.String(), errOut.String(), err
+	}
+	out, _, err := exec("command=echo&command=hello&command=world&output=1", nil)
+	if err != nil || out != "hello world\n" {
+		t.Errorf("echo: %q %v", out, err)
+	}
+	_, errOut, err := exec("command=exit&command=3&output=1&error=1", nil)
+	var code interface{ ExitStatus() int }
+	if !errors.As(err, &code) || code.ExitStatus() != 3 || errOut != "exiting\n" {
+		t.Errorf("exit 3: %v %q", err, errOut)
+	}
+	out, _, err = exec("command=cat&input=1&output=1", strings.NewReader("typed\n"))
+	if err != nil || out != "typed\n" {
+		t.Errorf("cat: %q %v", out, err)
+	}
+	if status, body := h.do("POST", "/exec/default/web/httpd?output=1", &admin, ""); status != 400 || !strings.Contains(body, "command") {
+		t.Errorf("no command: %d %q", status, body)
+	}
+	if status, body := h.do("POST", "/run/default/web/httpd?cmd=echo+hi", &admin, ""); status != 200 || body != "hi\n" {
+		t.Errorf("run: %d %q", status, body)
+	}
+}
+
+func pemCert(c tls.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]})
+}
+
+func pemKey(t *testing.T, c tls.Certificate) []byte {
+	der, err := x509.MarshalECPrivateKey(c.PrivateKey.(*ecdsa.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
+
+func TestSelfSignedKept(t *testing.T) {
+	dir := t.TempDir()
+	s := &Server{cfg: Config{NodeName: "n1", CertDir: dir, Hosts: []string{"n1", "10.0.0.1"}}, deps: Deps{Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler)}}
+	c1, err := s.servingCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, _ := s.servingCert()
+	if !bytes.Equal(c1.Certificate[0], c2.Certificate[0]) {
+		t.Error("a valid self-signed certificate was made anew")
+	}
+	s.cfg.Hosts = []string{"n1", "10.0.0.2"}
+	c3, _ := s.servingCert()
+	leaf, _ := x509.ParseCertificate(c3.Certificate[0])
+	if bytes.Equal(c1.Certificate[0], c3.Certificate[0]) || !leaf.IPAddresses[0].Equal(net.ParseIP("10.0.0.2")) {
+		t.Error("a new address did not make a new certificate")
+	}
+}
