@@ -1,12 +1,14 @@
 package crilog
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock"
@@ -64,31 +66,54 @@ type ReadOptions struct {
 }
 
 // Read writes the log at path, across its rotated files, to w. With Follow
-// it keeps writing new lines until ctx ends.
+// it keeps writing new lines until ctx ends. It streams: lines are written
+// as they are read, through a buffer flushed after each read of the
+// files, so memory stays small however long the log; only TailLines
+// lines are held, for the tail.
 func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w io.Writer) error {
 	if opts.Poll <= 0 {
 		opts.Poll = 250 * time.Millisecond
 	}
-	out := &limitWriter{w: w, left: opts.LimitBytes}
-	var lines [][]byte
-	var pending []byte
-	emit := func(r Record) {
+	bw := bufio.NewWriterSize(&limitWriter{w: w, left: opts.LimitBytes}, 32<<10)
+	var (
+		werr    error
+		pending []byte
+		line    []byte
+		tail    = opts.TailLines >= 0 // the first pass keeps the last lines only
+		ring    [][]byte
+	)
+	emit := func(r Record) bool {
 		if !opts.Since.IsZero() && r.Time.Before(opts.Since) {
-			pending = nil
-			return
+			pending = pending[:0]
+			return true
 		}
 		pending = append(pending, r.Content...)
 		if r.Partial {
-			return
+			return true
 		}
-		var line []byte
+		line = line[:0]
 		if opts.Timestamps {
-			line = append([]byte(r.Time.Format(time.RFC3339Nano)+" "), pending...)
-		} else {
-			line = append([]byte(nil), pending...)
+			line = r.Time.AppendFormat(line, time.RFC3339Nano)
+			line = append(line, ' ')
 		}
-		pending = nil
-		lines = append(lines, append(line, '\n'))
+		line = append(line, pending...)
+		line = append(line, '\n')
+		pending = pending[:0]
+		if tail {
+			if opts.TailLines == 0 {
+				return true
+			}
+			ring = append(ring, slices.Clone(line))
+			if n := int64(len(ring)); n > 2*opts.TailLines && n > 64 {
+				ring = slices.Clone(ring[n-opts.TailLines:])
+			}
+			return true
+		}
+		if _, err := bw.Write(line); err != nil {
+			werr = err
+			return false
+		}
+		return true
 	}
 	files := append(Rotated(path), path)
 	var live *tailer
@@ -101,28 +126,31 @@ func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w
 			return err
 		}
 		t := newTailer(f)
-		if err := t.scan(emit); err != nil {
-			f.Close()
-			return err
-		}
-		if i == len(files)-1 && opts.Follow {
+		err = t.scan(emit)
+		if i == len(files)-1 && opts.Follow && err == nil && werr == nil {
 			live = t
 		} else {
 			f.Close()
 		}
+		if err != nil {
+			return err
+		}
+		if werr != nil {
+			return ignoreLimit(werr)
+		}
 	}
-	if opts.TailLines >= 0 && int64(len(lines)) > opts.TailLines {
-		lines = lines[int64(len(lines))-opts.TailLines:]
-	}
-	write := func() error {
-		for _, l := range lines {
-			if _, err := out.Write(l); err != nil {
-				return err
+	if tail {
+		if int64(len(ring)) > opts.TailLines {
+			ring = ring[int64(len(ring))-opts.TailLines:]
+		}
+		for _, l := range ring {
+			if _, err := bw.Write(l); err != nil {
+				return ignoreLimit(err)
 			}
 		}
-		return nil
+		ring, tail = nil, false
 	}
-	if err := write(); err != nil {
+	if err := bw.Flush(); err != nil {
 		return ignoreLimit(err)
 	}
 	if !opts.Follow || live == nil {
@@ -130,11 +158,13 @@ func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w
 	}
 	// drain writes the lines the live file gained since the last look.
 	drain := func() error {
-		lines = nil
 		if err := live.scan(emit); err != nil {
 			return err
 		}
-		return write()
+		if werr != nil {
+			return werr
+		}
+		return bw.Flush()
 	}
 	defer func() { live.f.Close() }()
 	tick := clk.NewTicker(opts.Poll)
@@ -195,7 +225,9 @@ type tailer struct {
 
 func newTailer(f *os.File) *tailer { return &tailer{f: f, buf: make([]byte, 64<<10)} }
 
-func (t *tailer) scan(emit func(Record)) error {
+// scan reads to the end of the file, giving emit each record, until emit
+// returns false.
+func (t *tailer) scan(emit func(Record) bool) error {
 	for {
 		n, err := t.f.Read(t.buf)
 		data := append(t.carry, t.buf[:n]...)
@@ -205,7 +237,11 @@ func (t *tailer) scan(emit func(Record)) error {
 				break
 			}
 			if rec, perr := ParseLine(data[:i]); perr == nil {
-				emit(rec) // a damaged line is skipped, not fatal
+				// A damaged line is skipped, not fatal.
+				if !emit(rec) {
+					t.carry = t.carry[:0]
+					return nil
+				}
 			}
 			data = data[i+1:]
 		}
