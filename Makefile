@@ -56,14 +56,17 @@ test-arm: build-all
 # it skips without), the proxy's sync from the store, the binary sizes and
 # the idle agent's memory, then scripts/bench-proxy.sh: the service proxy
 # against the kernel and against kube-proxy (built on first use), and the
-# agent's memory with 10,000 Services. The pod startup benchmark needs
-# containerd and network namespaces: see docs/testing.md.
+# agent's memory with 10,000 Services, then the kubelet API through a real
+# API server (exec round trip, followed log throughput, the API's memory;
+# root). The pod startup benchmark needs containerd and network
+# namespaces: see docs/testing.md.
 bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench . -benchtime 2s ./store/...
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench BenchmarkReplayAfterOutage -benchtime 1x ./sync/kube/
 	$(GO) test -run '^$$' -bench BenchmarkSyncUnchanged -benchtime 5x ./netproxy/proxy/
 	@scripts/bench-size.sh
 	@scripts/bench-proxy.sh
+	$(GO) test -run '^$$' -bench BenchmarkKubeletAPI -benchtime 1x -timeout 20m ./test/e2e/
 
 demo: build
 	@scripts/demo.sh

@@ -60,6 +60,11 @@ type Deps struct {
 	Resources Resources
 	Clock     clock.Clock
 	Log       *slog.Logger
+	// ServingCert returns the serving certificate the cluster issued
+	// (server.tlsBootstrap), asked at every handshake so a new one is
+	// served at once; nil, or a nil result, serves the configured or
+	// self-signed one.
+	ServingCert func() *tls.Certificate
 }
 
 // Server is the kubelet-style HTTPS API.
@@ -105,11 +110,22 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln, cert)
 }
 
-// Serve serves HTTPS on ln with cert until ctx ends.
+// Serve serves HTTPS on ln until ctx ends, with the certificate
+// Deps.ServingCert returns at each handshake, or cert when it returns
+// none.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, cert tls.Certificate) error {
 	tlsCfg := &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert},
+		MinVersion: tls.VersionTLS12,
+		// Not Certificates: with it, GetCertificate is asked only when
+		// the client sends a server name.
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if s.deps.ServingCert != nil {
+				if c := s.deps.ServingCert(); c != nil {
+					return c, nil
+				}
+			}
+			return &cert, nil
+		},
 		// Certificates are checked by authenticate, so one that does not
 		// verify is a 401 with a reason instead of a failed handshake.
 		ClientAuth: tls.RequestClientCert,

@@ -3,6 +3,9 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -12,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,18 +23,16 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"math/big"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/promtext"
@@ -390,6 +392,19 @@ func TestExec(t *testing.T) {
 	if err != nil || out != "typed\n" {
 		t.Errorf("cat: %q %v", out, err)
 	}
+	// WebSocket too, in the versions kubelet's streaming server speaks
+	// (v4.channel.k8s.io; an API server turns kubectl's v5 into SPDY
+	// towards nodes).
+	wu := h.url + "/exec/default/web/httpd?command=exit&command=5&output=1&error=1"
+	ws, err := remotecommand.NewWebSocketExecutorForProtocols(cfg, "GET", wu, "v4.channel.k8s.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wout, werr bytes.Buffer
+	err = ws.StreamWithContext(context.Background(), remotecommand.StreamOptions{Stdout: &wout, Stderr: &werr})
+	if !errors.As(err, &code) || code.ExitStatus() != 5 || werr.String() != "exiting\n" {
+		t.Errorf("websocket exit 5: %v %q", err, werr.String())
+	}
 	if status, body := h.do("POST", "/exec/default/web/httpd?output=1", &admin, ""); status != 400 || !strings.Contains(body, "command") {
 		t.Errorf("no command: %d %q", status, body)
 	}
@@ -426,5 +441,110 @@ func TestSelfSignedKept(t *testing.T) {
 	leaf, _ := x509.ParseCertificate(c3.Certificate[0])
 	if bytes.Equal(c1.Certificate[0], c3.Certificate[0]) || !leaf.IPAddresses[0].Equal(net.ParseIP("10.0.0.2")) {
 		t.Error("a new address did not make a new certificate")
+	}
+}
+
+// The certificate Deps.ServingCert returns is served from the next
+// handshake on, with or without a server name in the hello; when it
+// returns nil the certificate given to Serve is.
+func TestServingCertSwapped(t *testing.T) {
+	var issued atomic.Pointer[tls.Certificate]
+	s, err := New(Config{NodeName: "n1", CertDir: t.TempDir(), Hosts: []string{"n1", "127.0.0.1"}},
+		Deps{Node: &fakeNode{}, Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler), ServingCert: issued.Load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fallback, err := s.servingCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln, fallback) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	served := func(serverName string) []byte {
+		t.Helper()
+		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{InsecureSkipVerify: true, ServerName: serverName})
+		if err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].Raw
+	}
+	newCert := func() *tls.Certificate {
+		certPEM, keyPEM, err := selfSigned("n1", []string{"n1"}, nil, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &c
+	}
+	first, second := newCert(), newCert()
+	for _, step := range []struct {
+		name string
+		set  *tls.Certificate
+		want []byte
+	}{
+		{"none issued", nil, fallback.Certificate[0]},
+		{"issued", first, first.Certificate[0]},
+		{"renewed", second, second.Certificate[0]},
+		{"expired", nil, fallback.Certificate[0]},
+	} {
+		issued.Store(step.set)
+		for _, sni := range []string{"", "n1"} {
+			if got := served(sni); !bytes.Equal(got, step.want) {
+				t.Errorf("%s, server name %q: served another certificate", step.name, sni)
+			}
+		}
+	}
+}
+
+func TestPortForward(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	cfg := &rest.Config{TLSClientConfig: rest.TLSClientConfig{Insecure: true, CertData: pemCert(admin), KeyData: pemKey(t, admin)}}
+	rt, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(h.url + "/portForward/default/web")
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", u)
+	stop, ready := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.New(dialer, []string{"0:8080"}, stop, ready, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- fw.ForwardPorts() }()
+	defer func() { close(stop); <-errc }()
+	select {
+	case <-ready:
+	case err := <-errc:
+		t.Fatalf("forward: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("port forward not ready")
+	}
+	ports, _ := fw.GetPorts()
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0].Local))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	line, _ := io.ReadAll(io.LimitReader(c, 10))
+	if string(line) != "port 8080\n" {
+		t.Errorf("through the forward: %q", line)
 	}
 }

@@ -120,6 +120,12 @@ type Server struct {
 	// empty makes a self-signed one in stateDir/pki.
 	TLSCertFile string `json:"tlsCertFile"`
 	TLSKeyFile  string `json:"tlsKeyFile"`
+	// TLSBootstrap requests the serving certificate from the cluster (a
+	// CSR for the kubernetes.io/kubelet-serving signer) and renews it, as
+	// kubelet's serverTLSBootstrap; the self-signed one is served until
+	// the request is approved. Ignored without a kubeconfig or with
+	// TLSCertFile.
+	TLSBootstrap bool `json:"tlsBootstrap"`
 	// ClientCAFile holds the CAs whose client certificates authenticate
 	// (the API server's kubelet client CA); empty accepts none.
 	ClientCAFile string `json:"clientCAFile"`

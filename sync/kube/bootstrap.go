@@ -109,7 +109,9 @@ type BootstrapDeps struct {
 	Jitter func() float64
 }
 
-// CertPhase is where the node's client certificate stands.
+// CertPhase is where one of the node's certificates (the client
+// certificate of a Bootstrapper, the serving certificate of a
+// ServingCerts) stands.
 type CertPhase string
 
 const (
@@ -127,11 +129,13 @@ const (
 	CertFailing CertPhase = "failing"
 )
 
-// CertState is the node's client certificate, for `outpost status`.
+// CertState is one of the node's certificates, for `outpost status`.
 type CertState struct {
 	Phase CertPhase `json:"phase"`
 	// Usable reports whether a certificate that has not expired is in
-	// use; when it is false the API server sync cannot work.
+	// use. When it is false for the client certificate the API server
+	// sync cannot work; for the serving certificate the kubelet API
+	// serves its self-signed one.
 	Usable bool `json:"usable"`
 	// Subject, NotAfter and RenewAt describe the certificate in use.
 	Subject  string    `json:"subject,omitempty"`
@@ -269,7 +273,7 @@ func (b *Bootstrapper) Run(ctx context.Context) error {
 		have, renewAt := b.cert != nil, b.renewAt
 		b.mu.Unlock()
 		if now := b.clock.Now(); have && now.Before(renewAt) {
-			b.sleep(ctx, min(renewAt.Sub(now), certRecheckEvery))
+			sleepClock(ctx, b.clock, min(renewAt.Sub(now), certRecheckEvery))
 			continue
 		}
 		err := b.request(ctx)
@@ -286,7 +290,7 @@ func (b *Bootstrapper) Run(ctx context.Context) error {
 		} else {
 			b.setState(CertFailing, err.Error(), "")
 		}
-		b.sleep(ctx, bo.next())
+		sleepClock(ctx, b.clock, bo.next())
 	}
 	return nil
 }
@@ -312,15 +316,17 @@ func (b *Bootstrapper) request(ctx context.Context) error {
 		}
 		identity = "bootstrap"
 	}
-	key, err := b.pendingKey()
+	key, err := pendingKey(filepath.Join(b.cfg.CertDir, pendingKeyFileName), "client", b.log)
 	if err != nil {
 		return err
 	}
-	csr, err := b.createCSR(ctx, client.Certificates, key, identity)
+	csr, err := createCSR(ctx, client.Certificates, b.log, key, b.csrTemplate(), identity)
 	if err != nil {
 		return err
 	}
-	certPEM, err := b.waitCSR(ctx, client.Certificates, csr)
+	certPEM, err := waitCSR(ctx, client.Certificates, b.clock, csr, func(reason string) {
+		b.setState(CertRequesting, reason, csr.Name)
+	})
 	if err != nil {
 		return err
 	}
@@ -385,9 +391,9 @@ func (b *Bootstrapper) setState(phase CertPhase, reason, csr string) {
 	}
 }
 
-// sleep waits d on the clock, or until ctx ends.
-func (b *Bootstrapper) sleep(ctx context.Context, d time.Duration) {
-	t := b.clock.NewTimer(d)
+// sleepClock waits d on clk, or until ctx ends.
+func sleepClock(ctx context.Context, clk clock.Clock, d time.Duration) {
+	t := clk.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -397,49 +403,67 @@ func (b *Bootstrapper) sleep(ctx context.Context, d time.Duration) {
 
 // ---- the request ----
 
-// csrSubject and csrUsages are what the kube-apiserver-client-kubelet
-// signer and the node CSR approver accept; key encipherment is for RSA
-// keys only.
-func (b *Bootstrapper) csrSubject() pkix.Name {
-	return pkix.Name{CommonName: "system:node:" + b.cfg.NodeName, Organization: []string{"system:nodes"}}
+// csrTemplate is what a request asks for.
+type csrTemplate struct {
+	subject  pkix.Name
+	dnsNames []string
+	ips      []net.IP
+	signer   string
+	usages   []certsv1.KeyUsage
 }
 
-var csrUsages = []certsv1.KeyUsage{certsv1.UsageDigitalSignature, certsv1.UsageClientAuth}
+// nodeSubject is the subject of a node's certificates, client and
+// serving: CN=system:node:<node>, O=system:nodes.
+func nodeSubject(node string) pkix.Name {
+	return pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}
+}
 
-// pendingKey returns the key of the request in flight, making and saving
-// a new one if there is none.
-func (b *Bootstrapper) pendingKey() (*ecdsa.PrivateKey, error) {
-	path := filepath.Join(b.cfg.CertDir, pendingKeyFileName)
+// csrTemplate is what the kube-apiserver-client-kubelet signer and the
+// node CSR approver accept; key encipherment is for RSA keys only.
+func (b *Bootstrapper) csrTemplate() csrTemplate {
+	return csrTemplate{
+		subject: nodeSubject(b.cfg.NodeName),
+		signer:  certsv1.KubeAPIServerClientKubeletSignerName,
+		usages:  []certsv1.KeyUsage{certsv1.UsageDigitalSignature, certsv1.UsageClientAuth},
+	}
+}
+
+// pendingKey returns the key of the request in flight, kept at path,
+// making and saving a new one if there is none. what names the
+// certificate ("client", "serving") in errors and logs.
+func pendingKey(path, what string, log *slog.Logger) (*ecdsa.PrivateKey, error) {
 	if data, err := os.ReadFile(path); err == nil {
 		if block, _ := pem.Decode(data); block != nil {
 			if key, err := x509.ParseECPrivateKey(block.Bytes); err == nil {
 				return key, nil
 			}
 		}
-		b.log.Warn("pending client key unreadable; making a new one", "file", path)
+		log.Warn("pending "+what+" key unreadable; making a new one", "file", path)
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("read client key %s: %w", path, err)
+		return nil, fmt.Errorf("read %s key %s: %w", what, path, err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("generate client key: %w", err)
+		return nil, fmt.Errorf("generate %s key: %w", what, err)
 	}
 	der, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("encode client key: %w", err)
+		return nil, fmt.Errorf("encode %s key: %w", what, err)
 	}
-	if err := os.MkdirAll(b.cfg.CertDir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("certificate directory: %w", err)
 	}
 	if err := writeFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})); err != nil {
-		return nil, fmt.Errorf("write client key: %w", err)
+		return nil, fmt.Errorf("write %s key: %w", what, err)
 	}
 	return key, nil
 }
 
-// csrName is a digest of the public key, subject and usages, as kubelet
-// names its requests: the same key always makes the same name.
-func csrName(pub any, subject pkix.Name, usages []certsv1.KeyUsage) (string, error) {
+// csrName is a digest of the public key, subject, usages and subject
+// alternative names, as kubelet names its client requests: the same key
+// always makes the same name for the same request, and a request with
+// other names (a node whose address changed) another one.
+func csrName(pub any, t csrTemplate) (string, error) {
 	der, err := x509.MarshalPKIXPublicKey(pub)
 	if err != nil {
 		return "", err
@@ -450,25 +474,31 @@ func csrName(pub any, subject pkix.Name, usages []certsv1.KeyUsage) (string, err
 	// stream.
 	write := func(p []byte) { h.Write([]byte(enc(p))); h.Write([]byte{'|'}) }
 	write(der)
-	write([]byte(subject.CommonName))
-	for _, o := range subject.Organization {
+	write([]byte(t.subject.CommonName))
+	for _, o := range t.subject.Organization {
 		write([]byte(o))
 	}
-	for _, u := range usages {
+	for _, u := range t.usages {
 		write([]byte(u))
+	}
+	// Client requests have none: their names stay what they were.
+	for _, d := range t.dnsNames {
+		write([]byte("dns:" + d))
+	}
+	for _, ip := range t.ips {
+		write([]byte("ip:" + ip.String()))
 	}
 	return csrNamePrefix + enc(h.Sum(nil)), nil
 }
 
 // createCSR creates the request for key, or adopts the one of that name
 // made before (by this agent before a restart, or before an outage).
-func (b *Bootstrapper) createCSR(ctx context.Context, c rest.Interface, key *ecdsa.PrivateKey, identity string) (*certsv1.CertificateSigningRequest, error) {
-	subject := b.csrSubject()
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: subject}, key)
+func createCSR(ctx context.Context, c rest.Interface, log *slog.Logger, key *ecdsa.PrivateKey, t csrTemplate, identity string) (*certsv1.CertificateSigningRequest, error) {
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: t.subject, DNSNames: t.dnsNames, IPAddresses: t.ips}, key)
 	if err != nil {
 		return nil, fmt.Errorf("make certificate request: %w", err)
 	}
-	name, err := csrName(key.Public(), subject, csrUsages)
+	name, err := csrName(key.Public(), t)
 	if err != nil {
 		return nil, fmt.Errorf("name certificate request: %w", err)
 	}
@@ -476,20 +506,20 @@ func (b *Bootstrapper) createCSR(ctx context.Context, c rest.Interface, key *ecd
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: certsv1.CertificateSigningRequestSpec{
 			Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-			SignerName: certsv1.KubeAPIServerClientKubeletSignerName,
-			Usages:     csrUsages,
+			SignerName: t.signer,
+			Usages:     t.usages,
 		},
 	}
 	var got certsv1.CertificateSigningRequest
 	err = c.Post().Resource("certificatesigningrequests").Body(want).Do(ctx).Into(&got)
 	switch {
 	case err == nil:
-		b.log.Info("certificate signing request created", "csr", name, "identity", identity)
+		log.Info("certificate signing request created", "csr", name, "signer", t.signer, "identity", identity)
 	case apierrors.IsAlreadyExists(err):
 		if err := c.Get().Resource("certificatesigningrequests").Name(name).Do(ctx).Into(&got); err != nil {
 			return nil, fmt.Errorf("get csr %s: %w", name, err)
 		}
-		if err := sameRequest(&got, key); err != nil {
+		if err := sameRequest(&got, key, t.signer); err != nil {
 			return nil, fmt.Errorf("csr %s exists: %w", name, err)
 		}
 	default:
@@ -498,10 +528,10 @@ func (b *Bootstrapper) createCSR(ctx context.Context, c rest.Interface, key *ecd
 	return &got, nil
 }
 
-// sameRequest checks that an existing request is for key and the signer.
-func sameRequest(csr *certsv1.CertificateSigningRequest, key *ecdsa.PrivateKey) error {
-	if csr.Spec.SignerName != certsv1.KubeAPIServerClientKubeletSignerName {
-		return fmt.Errorf("signer %q, not %s", csr.Spec.SignerName, certsv1.KubeAPIServerClientKubeletSignerName)
+// sameRequest checks that an existing request is for key and signer.
+func sameRequest(csr *certsv1.CertificateSigningRequest, key *ecdsa.PrivateKey, signer string) error {
+	if csr.Spec.SignerName != signer {
+		return fmt.Errorf("signer %q, not %s", csr.Spec.SignerName, signer)
 	}
 	block, _ := pem.Decode(csr.Spec.Request)
 	if block == nil {
@@ -557,15 +587,17 @@ func csrOutcome(csr *certsv1.CertificateSigningRequest) (certPEM []byte, done bo
 	return nil, false, "waiting for approval", nil
 }
 
-// waitCSR follows the request until it is signed, denied or fails.
-func (b *Bootstrapper) waitCSR(ctx context.Context, c rest.Interface, csr *certsv1.CertificateSigningRequest) ([]byte, error) {
+// waitCSR follows the request until it is signed, denied or fails;
+// waiting is told what it waits for each time that changes or is seen
+// again.
+func waitCSR(ctx context.Context, c rest.Interface, clk clock.Clock, csr *certsv1.CertificateSigningRequest, waiting func(reason string)) ([]byte, error) {
 	for {
-		certPEM, done, waiting, err := csrOutcome(csr)
+		certPEM, done, what, err := csrOutcome(csr)
 		if done {
 			return certPEM, err
 		}
-		b.setState(CertRequesting, "csr "+csr.Name+" "+waiting, csr.Name)
-		if csr, err = b.nextCSR(ctx, c, csr); err != nil {
+		waiting("csr " + csr.Name + " " + what)
+		if csr, err = nextCSR(ctx, c, clk, csr); err != nil {
 			return nil, err
 		}
 	}
@@ -573,9 +605,9 @@ func (b *Bootstrapper) waitCSR(ctx context.Context, c rest.Interface, csr *certs
 
 // nextCSR watches the request from the version seen until it changes,
 // and returns it then (or when the watch ends: then fresh from a GET).
-func (b *Bootstrapper) nextCSR(ctx context.Context, c rest.Interface, csr *certsv1.CertificateSigningRequest) (*certsv1.CertificateSigningRequest, error) {
+func nextCSR(ctx context.Context, c rest.Interface, clk clock.Clock, csr *certsv1.CertificateSigningRequest) (*certsv1.CertificateSigningRequest, error) {
 	timeout := int64(csrWatchTimeout / time.Second)
-	start := b.clock.Now()
+	start := clk.Now()
 	w, err := c.Get().Resource("certificatesigningrequests").VersionedParams(&metav1.ListOptions{
 		FieldSelector:   fields.OneTermEqualSelector("metadata.name", csr.Name).String(),
 		ResourceVersion: csr.ResourceVersion,
@@ -596,7 +628,7 @@ func (b *Bootstrapper) nextCSR(ctx context.Context, c rest.Interface, csr *certs
 		}
 		switch {
 		case !ok:
-			if b.clock.Since(start) < minWatchLife {
+			if clk.Since(start) < minWatchLife {
 				return nil, fmt.Errorf("watch csr %s: %w", csr.Name, errWatchClosed)
 			}
 		case ev.Type == watch.Error:
@@ -628,30 +660,15 @@ func (b *Bootstrapper) nextCSR(ctx context.Context, c rest.Interface, csr *certs
 // store checks that the issued certificate is for key, and writes
 // certificate and key, then the kubeconfig naming them.
 func (b *Bootstrapper) store(key *ecdsa.PrivateKey, certPEM []byte) (*tls.Certificate, error) {
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	data, cert, err := issuedPair(key, certPEM, b.clock.Now(), filepath.Join(b.cfg.CertDir, pendingKeyFileName), "client")
 	if err != nil {
-		return nil, fmt.Errorf("encode client key: %w", err)
-	}
-	var data bytes.Buffer
-	data.Write(bytes.TrimSpace(certPEM))
-	data.WriteByte('\n')
-	data.Write(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
-	cert, err := tls.X509KeyPair(data.Bytes(), data.Bytes())
-	if err != nil {
-		// The certificate does not parse or is for another key: a new key
-		// makes the next request.
-		_ = os.Remove(filepath.Join(b.cfg.CertDir, pendingKeyFileName))
-		return nil, fmt.Errorf("issued certificate: %w", err)
-	}
-	if !b.clock.Now().Before(cert.Leaf.NotAfter) {
-		_ = os.Remove(filepath.Join(b.cfg.CertDir, pendingKeyFileName))
-		return nil, fmt.Errorf("issued certificate expired at %s", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+		return nil, err
 	}
 	if err := os.MkdirAll(b.cfg.CertDir, 0o700); err != nil {
 		return nil, fmt.Errorf("certificate directory: %w", err)
 	}
 	certPath := filepath.Join(b.cfg.CertDir, certFileName)
-	if err := writeFileAtomic(certPath, data.Bytes()); err != nil {
+	if err := writeFileAtomic(certPath, data); err != nil {
 		return nil, fmt.Errorf("write client certificate: %w", err)
 	}
 	kc, err := clientcmd.Write(nodeKubeconfig(b.cluster, certPath))
@@ -667,7 +684,34 @@ func (b *Bootstrapper) store(key *ecdsa.PrivateKey, certPEM []byte) (*tls.Certif
 	if err := os.Remove(filepath.Join(b.cfg.CertDir, pendingKeyFileName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		b.log.Warn("remove pending client key", "err", err)
 	}
-	return &cert, nil
+	return cert, nil
+}
+
+// issuedPair joins the issued certificate chain and key into one PEM
+// file's content (certificate first, as kubelet's *-current.pem), and
+// checks that the certificate is for key and has not expired at now.
+// When it is not usable the pending key at pendingPath is removed, so a
+// new key makes the next request. what names the key in errors.
+func issuedPair(key *ecdsa.PrivateKey, certPEM []byte, now time.Time, pendingPath, what string) ([]byte, *tls.Certificate, error) {
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode %s key: %w", what, err)
+	}
+	var data bytes.Buffer
+	data.Write(bytes.TrimSpace(certPEM))
+	data.WriteByte('\n')
+	data.Write(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	cert, err := tls.X509KeyPair(data.Bytes(), data.Bytes())
+	if err != nil {
+		// The certificate does not parse or is for another key.
+		_ = os.Remove(pendingPath)
+		return nil, nil, fmt.Errorf("issued certificate: %w", err)
+	}
+	if !now.Before(cert.Leaf.NotAfter) {
+		_ = os.Remove(pendingPath)
+		return nil, nil, fmt.Errorf("issued certificate expired at %s", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return data.Bytes(), &cert, nil
 }
 
 // nodeKubeconfig names the cluster and the certificate file (which holds

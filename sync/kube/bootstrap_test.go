@@ -358,7 +358,8 @@ func TestBootstrapKubeconfigOnlyWhenNeeded(t *testing.T) {
 
 // bsFake is an API server of certificate signing requests over TLS that
 // asks for client certificates, signs every request with its CA (or
-// denies it), and records who asked what.
+// denies it), and records who asked what. Requests for the kubelet
+// serving signer get serving certificates for their names.
 type bsFake struct {
 	t     *testing.T
 	srv   *httptest.Server
@@ -501,7 +502,11 @@ func (f *bsFake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			now := f.clk()
 			csr.Status.Conditions = []certsv1.CertificateSigningRequestCondition{{Type: certsv1.CertificateApproved, Status: "True", Reason: "Test"}}
-			csr.Status.Certificate = bsSign(f.t, f.ca, cr.Subject, cr.PublicKey, now.Add(-5*time.Minute), now.Add(f.lifeFor))
+			if csr.Spec.SignerName == certsv1.KubeletServingSignerName {
+				csr.Status.Certificate = scSign(f.t, f.ca, cr, now.Add(-5*time.Minute), now.Add(f.lifeFor))
+			} else {
+				csr.Status.Certificate = bsSign(f.t, f.ca, cr.Subject, cr.PublicKey, now.Add(-5*time.Minute), now.Add(f.lifeFor))
+			}
 		}
 		f.csrs[csr.Name] = csr
 		bsReply(w, http.StatusCreated, csr)

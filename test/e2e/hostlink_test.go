@@ -74,7 +74,7 @@ func hostSide(nodeIP string) string {
 }
 
 // hostAddrIn reports whether an address of the host's namespace is in p.
-func hostAddrIn(t *testing.T, p netip.Prefix) bool {
+func hostAddrIn(t testing.TB, p netip.Prefix) bool {
 	t.Helper()
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {

@@ -48,12 +48,12 @@ func (n *node) connect(api *env.APIServer) *forwarder {
 
 // admin is a cluster-admin view of the API server for the tests' checks.
 type admin struct {
-	t    *testing.T
+	t    testing.TB
 	core *rest.RESTClient
 	coor *rest.RESTClient
 }
 
-func newAdmin(t *testing.T, api *env.APIServer) *admin {
+func newAdmin(t testing.TB, api *env.APIServer) *admin {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := coordv1.AddToScheme(scheme); err != nil {
@@ -102,7 +102,7 @@ func (a *admin) create(resource string, obj runtime.Object) {
 
 // waitFor polls cond until it reports true, failing the test after timeout
 // with the last thing cond said.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	last := ""
@@ -592,7 +592,7 @@ func TestKubeBootstrap(t *testing.T) {
 // ends. The node lifecycle controller evicts nothing when every node of
 // the cluster is unreachable (it blames the control plane's own link), so
 // an eviction test needs a healthy node beside the one it cuts off.
-func healthyNode(t *testing.T, adm *admin, name string) {
+func healthyNode(t testing.TB, adm *admin, name string) {
 	t.Helper()
 	ctx, cancel := adm.ctx()
 	defer cancel()

@@ -6,11 +6,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,13 +23,15 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
 // kubectlAs runs kubectl with kubeconfig and returns its combined output
 // and exit code; ctx bounds it.
-func kubectlAs(ctx context.Context, t *testing.T, kubeconfig string, stdin io.Reader, args ...string) (string, int) {
+func kubectlAs(ctx context.Context, t testing.TB, kubeconfig string, stdin io.Reader, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, env.Tool(t, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
 	cmd.Stdin = stdin
@@ -45,7 +49,7 @@ func kubectlAs(ctx context.Context, t *testing.T, kubeconfig string, stdin io.Re
 // userKubeconfig makes a user of the API server with a client certificate
 // from its CA and returns the kubeconfig, and the certificate for
 // requests straight to the node.
-func userKubeconfig(t *testing.T, api *env.APIServer, name string, groups ...string) (string, tls.Certificate) {
+func userKubeconfig(t testing.TB, api *env.APIServer, name string, groups ...string) (string, tls.Certificate) {
 	t.Helper()
 	certPEM, keyPEM, err := api.CA.Issue(pkix.Name{CommonName: name, Organization: groups}, nil, nil, x509.ExtKeyUsageClientAuth)
 	if err != nil {
@@ -101,14 +105,11 @@ func debugPod(node string) *corev1.Pod {
 	return p
 }
 
-// TestKubeletAPI drives the agent's kubelet API through a real API server
-// with kubectl as a user with a namespace role (not cluster admin):
-// logs (--tail, --since, -f, --previous), exec with stdin and a tty and
-// with an exit code, attach, port-forward to a server on the pod's
-// loopback; the node's /metrics through the API server's node proxy,
-// parsed as Prometheus text; a certificate user without nodes/proxy gets
-// 403 from the node, a request without credentials 401.
-func TestKubeletAPI(t *testing.T) {
+// startDebugNode starts an API server and a node linked to the host (so
+// the API server reaches its kubelet API), runs debugPod on it, and
+// applies debugRole; it returns the node's address.
+func startDebugNode(t testing.TB) (*env.APIServer, *admin, *node, string) {
+	t.Helper()
 	api := env.StartAPIServer(t)
 	adm := newAdmin(t, api)
 	n := newNode(t, "e2e-kapi")
@@ -132,6 +133,18 @@ func TestKubeletAPI(t *testing.T) {
 		return running >= 3 && p.Status.Phase == corev1.PodRunning, asJSON(p.Status.ContainerStatuses)
 	})
 	api.Kubectl(t, "apply", "-f", writeTemp(t, "role.yaml", debugRole))
+	return api, adm, n, nodeIP
+}
+
+// TestKubeletAPI drives the agent's kubelet API through a real API server
+// with kubectl as a user with a namespace role (not cluster admin):
+// logs (--tail, --since, -f, --previous), exec with stdin and a tty and
+// with an exit code, attach, port-forward to a server on the pod's
+// loopback; the node's /metrics through the API server's node proxy,
+// parsed as Prometheus text; a certificate user without nodes/proxy gets
+// 403 from the node, a request without credentials 401.
+func TestKubeletAPI(t *testing.T) {
+	api, adm, n, nodeIP := startDebugNode(t)
 	dev, _ := userKubeconfig(t, api, "dev")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -350,9 +363,66 @@ func TestKubeletAPI(t *testing.T) {
 			t.Errorf("dev straight to the node: %d", code)
 		}
 	})
+
+	t.Run("offline", func(t *testing.T) {
+		// With the API server gone, an operator's admin certificate
+		// (group system:masters, server.localGroups) still reads logs and
+		// execs on the node; a token cannot be checked and fails closed.
+		api.Stop()
+		_, root := userKubeconfig(t, api, "operator", "system:masters")
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{root}}}}
+		base := "https://" + net.JoinHostPort(nodeIP, "10250")
+		resp, err := client.Get(base + "/containerLogs/default/debug/log?tailLines=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "line 5\n" {
+			t.Errorf("offline logs with an admin certificate: %d %q", resp.StatusCode, b)
+		}
+		req, _ := http.NewRequest("GET", base+"/pods", nil)
+		// A token the node has not seen (metrics-server's admin token is
+		// cached from its scrapes, as kubelet caches reviews).
+		req.Header.Set("Authorization", "Bearer not-seen-before")
+		tokenClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		resp, err = tokenClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 401 {
+			t.Errorf("offline with a token: %d, want 401", resp.StatusCode)
+		}
+		certPEM, keyPEM := pemPair(t, root)
+		cfg := &rest.Config{Host: base, TLSClientConfig: rest.TLSClientConfig{Insecure: true, CertData: certPEM, KeyData: keyPEM}}
+		q := url.Values{"command": {"sh", "-c", "echo offline; exit 4"}, "output": {"1"}, "error": {"1"}}
+		u, _ := url.Parse(base + "/exec/default/debug/log?" + q.Encode())
+		ex, err := remotecommand.NewSPDYExecutor(cfg, "POST", u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut strings.Builder
+		err = ex.StreamWithContext(context.Background(), remotecommand.StreamOptions{Stdout: &out, Stderr: &errOut})
+		var code interface{ ExitStatus() int }
+		if !errors.As(err, &code) || code.ExitStatus() != 4 || out.String() != "offline\n" {
+			t.Errorf("offline exec: %v %q %q", err, out.String(), errOut.String())
+		}
+	})
 }
 
-func writeTemp(t *testing.T, name, body string) string {
+// pemPair returns a certificate and its (ECDSA) key as PEM.
+func pemPair(t testing.TB, c tls.Certificate) (certPEM, keyPEM []byte) {
+	t.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+func writeTemp(t testing.TB, name, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {

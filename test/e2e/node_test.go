@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 // plays the host's (bridge, veths and the nftables table live there, never
 // in the real host's namespace).
 type node struct {
-	t         *testing.T
+	t         testing.TB
 	name      string
 	dir       string
 	manifests string
@@ -77,7 +77,7 @@ type node struct {
 	done      chan struct{}
 }
 
-func newNode(t *testing.T, name string) *node {
+func newNode(t testing.TB, name string) *node {
 	t.Helper()
 	env.RequireRoot(t)
 	ctrd := env.StartContainerd(t)
@@ -135,7 +135,7 @@ func netnsEntries() map[string]bool {
 	return out
 }
 
-func run(t *testing.T, args ...string) string {
+func run(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 
 // coreClient is a REST client for core/v1 over a scheme with only that
 // group, speaking protobuf, the way outpost's sync will.
-func coreClient(t *testing.T, cfg *rest.Config) *rest.RESTClient {
+func coreClient(t testing.TB, cfg *rest.Config) *rest.RESTClient {
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
