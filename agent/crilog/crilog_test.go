@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -239,4 +240,19 @@ func FuzzParseLine(f *testing.F) {
 			t.Fatalf("stream %q accepted", r.Stream)
 		}
 	})
+}
+
+func TestAttempts(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"0.log", "10.log", "2.log", "2.log.20260101-000000", "x.log", "-1.log", "3.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := Attempts(dir); !slices.Equal(got, []int{10, 2, 0}) {
+		t.Errorf("Attempts = %v, want [10 2 0]", got)
+	}
+	if got := Attempts(filepath.Join(dir, "missing")); got != nil {
+		t.Errorf("Attempts of a missing dir = %v", got)
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock"
@@ -287,4 +289,23 @@ func ignoreLimit(err error) error {
 		return nil
 	}
 	return err
+}
+
+// Attempts returns the attempts whose logs a container's log directory
+// holds (the n of each n.log), newest first: what kubectl logs reads and,
+// second, what --previous reads.
+func Attempts(dir string) []int {
+	entries, _ := os.ReadDir(dir)
+	var out []int
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".log")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.Atoi(name); err == nil && n >= 0 {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, func(a, b int) int { return b - a })
+	return out
 }

@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -304,14 +302,7 @@ func (f *flushWriter) Write(p []byte) (int, error) {
 // one before with previous: <logDir>/<ns>_<pod>_<uid>/<container>/<n>.log.
 func (s *Server) logPath(pod *corev1.Pod, container string, previous bool) (string, error) {
 	dir := filepath.Join(s.cfg.LogDir, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container)
-	entries, _ := os.ReadDir(dir)
-	var attempts []int
-	for _, e := range entries {
-		if n, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".log")); err == nil && strings.HasSuffix(e.Name(), ".log") {
-			attempts = append(attempts, n)
-		}
-	}
-	sort.Sort(sort.Reverse(sort.IntSlice(attempts)))
+	attempts := crilog.Attempts(dir)
 	i := 0
 	if previous {
 		i = 1

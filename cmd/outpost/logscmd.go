@@ -82,14 +82,7 @@ func logFile(logDir, ns, pod, container string, previous bool) (string, error) {
 		}
 		container = names[0]
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, container, "*.log"))
-	var attempts []int
-	for _, f := range files {
-		if n, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(f), ".log")); err == nil {
-			attempts = append(attempts, n)
-		}
-	}
-	sort.Sort(sort.Reverse(sort.IntSlice(attempts)))
+	attempts := crilog.Attempts(filepath.Join(dir, container))
 	i := 0
 	if previous {
 		i = 1
