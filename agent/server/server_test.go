@@ -548,3 +548,17 @@ func TestPortForward(t *testing.T) {
 		t.Errorf("through the forward: %q", line)
 	}
 }
+
+// TestOversized: a request line or headers past 64 KiB get 431, before
+// any authentication, and the server goes on serving.
+func TestOversized(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	status, _ := h.do("GET", "/containerLogs/default/web/httpd?tailLines="+strings.Repeat("9", 100<<10), &admin, "")
+	if status != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("100 KiB query: %d, want 431", status)
+	}
+	if status, body := h.do("GET", "/healthz", &admin, ""); status != 200 {
+		t.Errorf("after it: %d %q", status, body)
+	}
+}
