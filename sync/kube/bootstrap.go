@@ -345,14 +345,17 @@ func (b *Bootstrapper) use(cert *tls.Certificate, csr string) {
 	b.mu.Lock()
 	b.cert = cert
 	b.renewAt = renewalDeadline(cert.Leaf, b.jitter())
+	b.mu.Unlock()
+	b.tracker.CloseAll()
+	b.setState(CertValid, "", csr)
+	// Ready only once the state says so, for whoever waited on it.
+	b.mu.Lock()
 	select {
 	case <-b.ready:
 	default:
 		close(b.ready)
 	}
 	b.mu.Unlock()
-	b.tracker.CloseAll()
-	b.setState(CertValid, "", csr)
 }
 
 // renewalDeadline is when a certificate is renewed: after 70 % plus j
