@@ -5,7 +5,8 @@
 # standalone on examples/ (a web server with probes and a ConfigMap
 # volume, a Service in front of it, a sampler, a crash loop), fetches the
 # web page from the pod's IP and through the Service's cluster IP, shows
-# `outpost status`, `outpost logs`, then kills the agent and starts it
+# `outpost status`, `outpost logs`, the kubelet API with an admin client
+# certificate (logs, metrics, and a 401 without one), then kills the agent and starts it
 # again to show the same containers still running and the Service still
 # answering. Everything it
 # starts is stopped and removed on exit: containers, pod network
@@ -78,12 +79,22 @@ runDir: $DEMO/run
 containerd:
   address: $SOCK
   namespace: outpost-demo
+server:
+  clientCAFile: $DEMO/ca.crt
 EOT
+# A CA for the kubelet API's client certificates, and an admin's
+# certificate from it (group system:masters, server.localGroups' default).
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=outpost-demo-ca \
+	-keyout "$DEMO/ca.key" -out "$DEMO/ca.crt" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/O=system:masters/CN=demo-admin" \
+	-keyout "$DEMO/admin.key" -out "$DEMO/admin.csr" 2>/dev/null
+openssl x509 -req -in "$DEMO/admin.csr" -CA "$DEMO/ca.crt" -CAkey "$DEMO/ca.key" -CAcreateserial -days 1 \
+	-extfile <(echo extendedKeyUsage=clientAuth) -out "$DEMO/admin.crt" 2>/dev/null
 bin/outpost config check --config "$DEMO/config.yaml" >/dev/null
 start_agent() {
 	bin/outpost agent --config "$DEMO/config.yaml" 2>>"$DEMO/agent.log" &
 	agent=$!
-	pids+=($agent)
+	pids+=("$agent")
 }
 status_json() { bin/outpost status --config "$DEMO/config.yaml" -o json 2>/dev/null; }
 # pod_field POD FIELD: a field of a pod's status from the running agent.
@@ -121,6 +132,15 @@ echo
 echo "== outpost logs sensor"
 sleep 1
 bin/outpost logs sensor-outpost-demo --config "$DEMO/config.yaml" | tail -3
+echo
+echo "== the kubelet API on :10250 (what kubectl logs, exec and top go through), with the admin certificate"
+api() { curl -sS --cacert "$DEMO/state/pki/outpost-serving.crt" --cert "$DEMO/admin.crt" --key "$DEMO/admin.key" "https://127.0.0.1:10250$1"; }
+echo "\$ GET /containerLogs/default/sensor-outpost-demo/sampler?tailLines=2"
+api "/containerLogs/default/sensor-outpost-demo/sampler?tailLines=2"
+echo "\$ GET /metrics (some of it)"
+api /metrics | grep -E '^(outpost_pods|outpost_proxy_service_ports|go_goroutines|process_resident_memory_bytes)[ {]' || true
+echo "\$ GET /pods without a certificate"
+curl -sS --cacert "$DEMO/state/pki/outpost-serving.crt" https://127.0.0.1:10250/pods
 echo
 echo "== waiting 12 s for the crash loop to restart and back off"
 sleep 12
