@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -314,6 +316,19 @@ func TestKubeletAPI(t *testing.T) {
 		}
 		if !found || len(fams["node_cpu_usage_seconds_total"].GetMetric()) != 1 {
 			t.Errorf("/metrics/resource lacks the web container's memory or the node's CPU:\n%s", raw)
+		}
+		// /stats/summary, as kubelet's Summary API.
+		raw = api.Kubectl(t, "get", "--raw", "/api/v1/nodes/"+n.name+"/proxy/stats/summary")
+		var sum statsv1alpha1.Summary
+		if err := json.Unmarshal([]byte(raw), &sum); err != nil {
+			t.Fatalf("/stats/summary: %v\n%s", err, raw)
+		}
+		pods := map[string]int{}
+		for _, p := range sum.Pods {
+			pods[p.PodRef.Namespace+"/"+p.PodRef.Name] = len(p.Containers)
+		}
+		if sum.Node.NodeName != n.name || sum.Node.Memory == nil || sum.Node.Memory.WorkingSetBytes == nil || pods["default/debug"] < 3 {
+			t.Errorf("/stats/summary: node %q, pods %v\n%s", sum.Node.NodeName, pods, raw)
 		}
 	})
 

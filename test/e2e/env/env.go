@@ -15,10 +15,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,8 +61,31 @@ func lookTool(t testing.TB, name string) string {
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+//
+// It is drawn at random from below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), so that no outgoing connection of the
+// machine can take it between this call and the listen of whoever asked
+// (seen once: etcd could not bind its client port).
 func FreePort(t testing.TB) int {
 	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 10000
+	if low > first+1000 {
+		for range 200 {
+			port := first + rand.IntN(low-first)
+			if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+				ln.Close()
+				return port
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
