@@ -21,7 +21,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	certsv1 "k8s.io/api/certificates/v1"
@@ -152,19 +151,12 @@ type CertState struct {
 // Bootstrapper obtains and renews the node's client certificate. Its
 // methods are safe for concurrent use.
 type Bootstrapper struct {
+	certSlot
 	cfg     BootstrapConfig
-	clock   clock.Clock
-	log     *slog.Logger
 	cluster *rest.Config // server and CA, no credential
 	rc      *rest.Config // cluster with the rotating certificate
 	node    *Client      // over rc: the node's own identity
 	tracker *connrotation.ConnectionTracker
-	jitter  func() float64
-
-	mu      sync.Mutex
-	cert    *tls.Certificate // nil until one is usable
-	renewAt time.Time
-	state   CertState
 	ready   chan struct{} // closed once cert is set
 }
 
@@ -188,7 +180,10 @@ func NewBootstrapper(cfg BootstrapConfig, deps BootstrapDeps) (*Bootstrapper, er
 	if deps.Jitter == nil {
 		deps.Jitter = mrand.Float64
 	}
-	b := &Bootstrapper{cfg: cfg, clock: deps.Clock, log: deps.Log, jitter: deps.Jitter, ready: make(chan struct{})}
+	b := &Bootstrapper{
+		certSlot: certSlot{what: "client", clock: deps.Clock, log: deps.Log, jitter: deps.Jitter},
+		cfg:      cfg, ready: make(chan struct{}),
+	}
 	var cert *tls.Certificate
 	why := "no kubeconfig " + cfg.Kubeconfig
 	_, statErr := os.Stat(cfg.Kubeconfig)
@@ -254,44 +249,11 @@ func (b *Bootstrapper) Wait(ctx context.Context) (*rest.Config, error) {
 	}
 }
 
-// State returns where the certificate stands.
-func (b *Bootstrapper) State() CertState {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.state
-	s.Usable = b.cert != nil && b.clock.Now().Before(b.cert.Leaf.NotAfter)
-	return s
-}
-
 // Run requests a certificate when there is none, and a new one when the
 // renewal deadline passed, until ctx ends. Failures are retried with the
 // reconnect backoff; Run returns nil when ctx ends.
 func (b *Bootstrapper) Run(ctx context.Context) error {
-	bo := newReconnectBackoff()
-	for ctx.Err() == nil {
-		b.mu.Lock()
-		have, renewAt := b.cert != nil, b.renewAt
-		b.mu.Unlock()
-		if now := b.clock.Now(); have && now.Before(renewAt) {
-			sleepClock(ctx, b.clock, min(renewAt.Sub(now), certRecheckEvery))
-			continue
-		}
-		err := b.request(ctx)
-		if err == nil {
-			bo.reset()
-			continue
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		var d *csrDeniedError
-		if errors.As(err, &d) {
-			b.setState(CertDenied, err.Error()+"; delete it to have the node request again", d.name)
-		} else {
-			b.setState(CertFailing, err.Error(), "")
-		}
-		sleepClock(ctx, b.clock, bo.next())
-	}
+	b.run(ctx, b.request)
 	return nil
 }
 
@@ -342,10 +304,7 @@ func (b *Bootstrapper) request(ctx context.Context) error {
 // closes the connections made with the previous one, and sets the renewal
 // deadline.
 func (b *Bootstrapper) use(cert *tls.Certificate, csr string) {
-	b.mu.Lock()
-	b.cert = cert
-	b.renewAt = renewalDeadline(cert.Leaf, b.jitter())
-	b.mu.Unlock()
+	b.install(cert)
 	b.tracker.CloseAll()
 	b.setState(CertValid, "", csr)
 	// Ready only once the state says so, for whoever waited on it.
@@ -363,35 +322,6 @@ func (b *Bootstrapper) use(cert *tls.Certificate, csr string) {
 func renewalDeadline(leaf *x509.Certificate, j float64) time.Time {
 	life := leaf.NotAfter.Sub(leaf.NotBefore)
 	return leaf.NotBefore.Add(life/10*7 + time.Duration(j*float64(life/5)))
-}
-
-// setState records phase and reason and logs a change of either.
-func (b *Bootstrapper) setState(phase CertPhase, reason, csr string) {
-	b.mu.Lock()
-	changed := b.state.Phase != phase || b.state.Reason != reason
-	if changed {
-		b.state.Since = b.clock.Now()
-	}
-	b.state.Phase, b.state.Reason, b.state.CSR = phase, reason, csr
-	if b.cert != nil {
-		b.state.Subject = b.cert.Leaf.Subject.String()
-		b.state.NotAfter, b.state.RenewAt = b.cert.Leaf.NotAfter, b.renewAt
-	}
-	s := b.state
-	b.mu.Unlock()
-	if !changed {
-		return
-	}
-	switch phase {
-	case CertValid:
-		b.log.Info("client certificate in use", "subject", s.Subject, "notAfter", s.NotAfter, "renewAt", s.RenewAt)
-	case CertRequesting:
-		b.log.Info("requesting client certificate", "csr", csr, "reason", reason)
-	case CertDenied:
-		b.log.Warn("client certificate request denied; checking it again later", "csr", csr, "reason", reason)
-	case CertFailing:
-		b.log.Warn("client certificate request failed; retrying", "err", reason)
-	}
 }
 
 // sleepClock waits d on clk, or until ctx ends.

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	certsv1 "k8s.io/api/certificates/v1"
@@ -97,17 +96,10 @@ type ServingDeps struct {
 // ServingCerts obtains and renews the node's serving certificate from
 // the cluster. Its methods are safe for concurrent use.
 type ServingCerts struct {
+	certSlot
 	cfg    ServingConfig
 	client *Client
-	clock  clock.Clock
-	log    *slog.Logger
-	jitter func() float64
 	tmpl   csrTemplate
-
-	mu      sync.Mutex
-	cert    *tls.Certificate // nil until one is issued or loaded
-	renewAt time.Time
-	state   CertState
 }
 
 // NewServingCerts checks cfg and loads the certificate kept in CertDir
@@ -133,7 +125,9 @@ func NewServingCerts(cfg ServingConfig, deps ServingDeps) (*ServingCerts, error)
 	}
 	cfg.DNSNames, cfg.IPs = names, ips
 	s := &ServingCerts{
-		cfg: cfg, client: deps.Client, clock: deps.Clock, log: deps.Log, jitter: deps.Jitter,
+		certSlot: certSlot{what: "serving", clock: deps.Clock, log: deps.Log, jitter: deps.Jitter,
+			logAttrs: []any{"names", sanList(names, ips)}},
+		cfg: cfg, client: deps.Client,
 		tmpl: csrTemplate{
 			subject:  nodeSubject(cfg.NodeName),
 			dnsNames: names,
@@ -232,46 +226,12 @@ func (s *ServingCerts) Current() *tls.Certificate {
 	return s.cert
 }
 
-// State returns where the serving certificate stands. Usable reports
-// whether Current returns a certificate.
-func (s *ServingCerts) State() CertState {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state
-	st.Usable = s.cert != nil && s.clock.Now().Before(s.cert.Leaf.NotAfter)
-	return st
-}
-
 // Run requests a certificate when there is none, and a new one when the
 // renewal deadline passed, until ctx ends. A request waits for approval
 // as long as it takes; failures are retried with the reconnect backoff.
 // Run returns nil when ctx ends.
 func (s *ServingCerts) Run(ctx context.Context) error {
-	bo := newReconnectBackoff()
-	for ctx.Err() == nil {
-		s.mu.Lock()
-		have, renewAt := s.cert != nil, s.renewAt
-		s.mu.Unlock()
-		if now := s.clock.Now(); have && now.Before(renewAt) {
-			sleepClock(ctx, s.clock, min(renewAt.Sub(now), certRecheckEvery))
-			continue
-		}
-		err := s.request(ctx)
-		if err == nil {
-			bo.reset()
-			continue
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		var d *csrDeniedError
-		if errors.As(err, &d) {
-			s.setState(CertDenied, err.Error()+"; delete it to have the node request again", d.name)
-		} else {
-			s.setState(CertFailing, err.Error(), "")
-		}
-		sleepClock(ctx, s.clock, bo.next())
-	}
+	s.run(ctx, s.request)
 	return nil
 }
 
@@ -316,38 +276,6 @@ func (s *ServingCerts) request(ctx context.Context) error {
 // use makes cert (issued for the request csr, if any) the one served and
 // sets the renewal deadline.
 func (s *ServingCerts) use(cert *tls.Certificate, csr string) {
-	s.mu.Lock()
-	s.cert = cert
-	s.renewAt = renewalDeadline(cert.Leaf, s.jitter())
-	s.mu.Unlock()
+	s.install(cert)
 	s.setState(CertValid, "", csr)
-}
-
-// setState records phase and reason and logs a change of either.
-func (s *ServingCerts) setState(phase CertPhase, reason, csr string) {
-	s.mu.Lock()
-	changed := s.state.Phase != phase || s.state.Reason != reason
-	if changed {
-		s.state.Since = s.clock.Now()
-	}
-	s.state.Phase, s.state.Reason, s.state.CSR = phase, reason, csr
-	if s.cert != nil {
-		s.state.Subject = s.cert.Leaf.Subject.String()
-		s.state.NotAfter, s.state.RenewAt = s.cert.Leaf.NotAfter, s.renewAt
-	}
-	st := s.state
-	s.mu.Unlock()
-	if !changed {
-		return
-	}
-	switch phase {
-	case CertValid:
-		s.log.Info("serving certificate in use", "subject", st.Subject, "names", sanList(s.cfg.DNSNames, s.cfg.IPs), "notAfter", st.NotAfter, "renewAt", st.RenewAt)
-	case CertRequesting:
-		s.log.Info("requesting serving certificate", "csr", csr, "names", sanList(s.cfg.DNSNames, s.cfg.IPs), "reason", reason)
-	case CertDenied:
-		s.log.Warn("serving certificate request denied; checking it again later", "csr", csr, "reason", reason)
-	case CertFailing:
-		s.log.Warn("serving certificate request failed; retrying", "err", reason)
-	}
 }
