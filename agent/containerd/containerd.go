@@ -786,43 +786,9 @@ func fillTimes(c *agent.Container) {
 
 // Exec runs cmd in the container and returns its exit code and output.
 func (r *Runtime) Exec(ctx context.Context, id string, cmd []string) (int, []byte, error) {
-	ctx = r.ctx(ctx)
-	c, err := r.client.LoadContainer(ctx, id)
-	if err != nil {
-		return 0, nil, fmt.Errorf("exec in %s: %w", id, notFound(err))
-	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		return 0, nil, fmt.Errorf("exec in %s: %w", id, notFound(err))
-	}
-	spec, err := c.Spec(ctx)
-	if err != nil {
-		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	proc := *spec.Process
-	proc.Args, proc.Terminal = cmd, false
 	buf := &limitedBuffer{max: 64 << 10}
-	execID := fmt.Sprintf("exec-%d", r.deps.Clock.Now().UnixNano())
-	p, err := task.Exec(ctx, execID, &proc, cio.NewCreator(cio.WithFIFODir(r.cfg.FIFODir), cio.WithStreams(nil, buf, buf)))
-	if err != nil {
-		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	defer p.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
-	exitc, err := p.Wait(ctx)
-	if err != nil {
-		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	if err := p.Start(ctx); err != nil {
-		return 0, nil, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	select {
-	case st := <-exitc:
-		p.IO().Wait()
-		return int(st.ExitCode()), buf.Bytes(), nil
-	case <-ctx.Done():
-		p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
-		return 0, buf.Bytes(), fmt.Errorf("exec in %s: %w", id, ctx.Err())
-	}
+	code, err := r.ExecStream(ctx, id, cmd, agent.StreamIO{Stdout: buf, Stderr: buf})
+	return code, buf.Bytes(), err
 }
 
 // Exits streams the IDs of containers whose task exited, re-subscribing
@@ -996,6 +962,9 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	return b.buf.Write(p)
 }
+
+// Close implements io.Closer; the buffer stays readable.
+func (b *limitedBuffer) Close() error { return nil }
 
 func (b *limitedBuffer) Bytes() []byte {
 	b.mu.Lock()
