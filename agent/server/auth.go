@@ -58,14 +58,12 @@ type ttlCache[T any] struct {
 	m  map[string]cached[T]
 }
 
-func (c *ttlCache[T]) get(key string, now time.Time) (v T, fresh, found bool) {
+// get returns the entry for key, and whether it has not expired.
+func (c *ttlCache[T]) get(key string, now time.Time) (e cached[T], fresh, found bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[key]
-	if !ok {
-		return v, false, false
-	}
-	return e.val, now.Before(e.expires), true
+	return e, ok && now.Before(e.expires), ok
 }
 
 func (c *ttlCache[T]) put(key string, v T, now time.Time, ttl time.Duration) {
@@ -138,11 +136,11 @@ func (s *Server) authenticateToken(ctx context.Context, token string) (User, int
 	sum := sha256.Sum256([]byte(token))
 	key := hex.EncodeToString(sum[:])
 	now := s.deps.Clock.Now()
-	if v, fresh, ok := s.tokens.get(key, now); ok && fresh {
-		if !v.ok {
+	if e, fresh, _ := s.tokens.get(key, now); fresh {
+		if !e.val.ok {
 			return User{}, http.StatusUnauthorized, "Unauthorized"
 		}
-		return v.user, 0, ""
+		return e.val.user, 0, ""
 	}
 	u, ok, err := s.deps.Reviewer.ReviewToken(ctx, token)
 	if err != nil {
@@ -239,15 +237,15 @@ func (s *Server) allowed(ctx context.Context, u User, verb, sub string) (bool, s
 	}
 	key := strings.Join([]string{u.Name, u.UID, strings.Join(u.Groups, ","), verb, sub}, "\x00")
 	now := s.deps.Clock.Now()
-	v, fresh, found := s.decisions.get(key, now)
-	if found && fresh {
-		return v.allowed, v.reason
+	e, fresh, found := s.decisions.get(key, now)
+	if fresh {
+		return e.val.allowed, e.val.reason
 	}
 	ok, reason, err := s.deps.Reviewer.Authorize(ctx, u, verb, sub, s.cfg.NodeName)
 	if err != nil {
 		s.deps.Log.Warn("kubelet api: subject access review failed", "user", u.Name, "err", err)
-		if found && now.Sub(s.decisionTime(key)) < staleAllowance {
-			return v.allowed, v.reason
+		if found && now.Sub(e.seen) < staleAllowance {
+			return e.val.allowed, e.val.reason
 		}
 		if local {
 			return true, ""
@@ -260,10 +258,4 @@ func (s *Server) allowed(ctx context.Context, u User, verb, sub string) (bool, s
 	}
 	s.decisions.put(key, decision{ok, reason}, now, ttl)
 	return ok, reason
-}
-
-func (s *Server) decisionTime(key string) time.Time {
-	s.decisions.mu.Lock()
-	defer s.decisions.mu.Unlock()
-	return s.decisions.m[key].seen
 }
