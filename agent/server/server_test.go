@@ -188,6 +188,16 @@ func start(t *testing.T, standalone bool) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	addr, _ := serve(t, s)
+	h.url = "https://" + addr
+	return h
+}
+
+// serve runs s on a loopback port, with its configured or self-signed
+// certificate, until the test ends, and returns its address and that
+// certificate.
+func serve(t *testing.T, s *Server) (string, tls.Certificate) {
+	t.Helper()
 	cert, err := s.servingCert()
 	if err != nil {
 		t.Fatal(err)
@@ -197,11 +207,15 @@ func start(t *testing.T, standalone bool) *harness {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Serve(ctx, ln, cert); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	h.url = "https://" + ln.Addr().String()
-	return h
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, ln, cert) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return ln.Addr().String(), cert
 }
 
 // get makes a request with a client certificate (cert non-nil) or a
@@ -454,26 +468,10 @@ func TestServingCertSwapped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fallback, err := s.servingCert()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln, fallback) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	addr, fallback := serve(t, s)
 	served := func(serverName string) []byte {
 		t.Helper()
-		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{InsecureSkipVerify: true, ServerName: serverName})
+		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, ServerName: serverName})
 		if err != nil {
 			t.Fatalf("handshake: %v", err)
 		}
