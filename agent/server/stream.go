@@ -46,15 +46,6 @@ func (st *streamer) PortForward(ctx context.Context, _, _ string, port int32, st
 // channel is relayed until ctx ends.
 func streams(ctx context.Context, in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) Streams {
 	s := Streams{Stdin: in, Stdout: out, Stderr: errOut, TTY: tty}
-	if in == nil {
-		s.Stdin = nil
-	}
-	if out == nil {
-		s.Stdout = nil
-	}
-	if errOut == nil {
-		s.Stderr = nil
-	}
 	if tty && resize != nil {
 		sizes := make(chan TermSize, 1)
 		go func() {
