@@ -571,7 +571,7 @@ func (t *fakeTable) checkTarget(name string) error {
 // (or, for a vmap, when its lookup hits).
 func isTerminalStmt(s Stmt) bool {
 	switch s.(type) {
-	case VerdictStmt, MapLookup, Numgen, DNAT, Masquerade, Reject:
+	case VerdictStmt, MapLookup, DNAT, Masquerade, Reject:
 		return true
 	}
 	return false
@@ -587,9 +587,6 @@ func (t *fakeTable) checkRule(r Rule) (Rule, error) {
 		}
 		if err := t.checkStmt(s); err != nil {
 			return r, fmt.Errorf("statement %d (%s): %w", i, stmtString(s), err)
-		}
-		if n, ok := s.(Numgen); ok {
-			s = Numgen{Chains: slices.Clone(n.Chains)}
 		}
 		out.Stmts = append(out.Stmts, s)
 	}
@@ -625,14 +622,9 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 		if m.key != s.Key {
 			return fmt.Errorf("map %q has key %s, lookup loads %s: %w", s.Map, m.key, s.Key, unix.EINVAL)
 		}
-	case Numgen:
-		if len(s.Chains) == 0 {
-			return fmt.Errorf("numgen over no chains: %w", unix.ERANGE)
-		}
-		for _, c := range s.Chains {
-			if err := t.checkTarget(c); err != nil {
-				return err
-			}
+	case MatchRandom:
+		if s.Mod == 0 {
+			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
 		}
 	case SetLookup:
 		return t.checkSet(s.Set, s.V6)
@@ -679,8 +671,6 @@ func stmtTargets(s Stmt) (chains []string, vmap string) {
 		if s.Verdict.Chain != "" {
 			return []string{s.Verdict.Chain}, ""
 		}
-	case Numgen:
-		return s.Chains, ""
 	case MapLookup:
 		return nil, s.Map
 	}

@@ -62,8 +62,9 @@ func miniProxy() *Tx {
 	tx.AddRule("svc-web", MatchAddr{Not: true, Prefix: netip.MustParsePrefix("10.42.0.0/16")}, VerdictStmt{Jump("mark-for-masquerade")})
 	tx.AddRule("svc-web", SetLookup{Set: aff.Name}, VerdictStmt{Goto("ep-web-1")})
 	tx.AddRule("svc-web", SetLookup{Set: aff6.Name, V6: true}, VerdictStmt{Goto("ep-web-6")})
-	tx.AddRule("svc-web", MatchFamily{}, Numgen{Chains: []string{"ep-web-1", "ep-web-2"}})
-	tx.AddRule("svc-web", MatchFamily{V6: true}, Numgen{Chains: []string{"ep-web-6"}})
+	tx.AddRule("svc-web", MatchFamily{}, MatchRandom{Mod: 2}, VerdictStmt{Goto("ep-web-1")})
+	tx.AddRule("svc-web", MatchFamily{}, VerdictStmt{Goto("ep-web-2")})
+	tx.AddRule("svc-web", MatchFamily{V6: true}, VerdictStmt{Goto("ep-web-6")})
 	tx.AddRule("ep-web-1", MatchAddr{Prefix: netip.PrefixFrom(mpEP1, 32)}, VerdictStmt{Jump("mark-for-masquerade")})
 	tx.AddRule("ep-web-1", SetUpdate{Set: aff.Name})
 	tx.AddRule("ep-web-1", MatchProtoPort{Protocol: "TCP"}, DNAT{Addr: mpEP1, Port: 8080})
@@ -175,8 +176,7 @@ func TestFakeErrors(t *testing.T) {
 		{"rule in missing chain", func(tx *Tx) { tx.AddRule("nope", Reject{}) }, unix.ENOENT, "op 0 (add rule to chain nope)"},
 		{"jump to missing chain", func(tx *Tx) { tx.AddRule("svc-web", VerdictStmt{Jump("nope")}) }, unix.ENOENT, `target chain "nope"`},
 		{"goto base chain", func(tx *Tx) { tx.AddRule("svc-web", VerdictStmt{Goto(mpNatPre.Name)}) }, unix.EOPNOTSUPP, "base chain"},
-		{"numgen to missing chain", func(tx *Tx) { tx.AddRule("svc-web", Numgen{Chains: []string{"ep-web-1", "nope"}}) }, unix.ENOENT, "nope"},
-		{"numgen over nothing", func(tx *Tx) { tx.AddRule("svc-web", Numgen{}) }, unix.ERANGE, "numgen"},
+		{"numgen modulus 0", func(tx *Tx) { tx.AddRule("svc-web", MatchRandom{}, VerdictStmt{Goto("ep-web-1")}) }, unix.ERANGE, "numgen"},
 		{"vmap to missing map", func(tx *Tx) { tx.AddRule("services", MapLookup{Map: "nope", Key: KeyProtoPort}) }, unix.ENOENT, "nope"},
 		{"vmap of other key type", func(tx *Tx) { tx.AddRule("services", MapLookup{Map: mpSvc4.Name, Key: KeyProtoPort}) }, unix.EINVAL, "key"},
 		{"missing set", func(tx *Tx) { tx.AddRule("svc-web", SetLookup{Set: "nope"}) }, unix.ENOENT, "nope"},
@@ -385,7 +385,7 @@ func BenchmarkFakeSmallApply(b *testing.B) {
 		tx.AddChain(Chain{Name: svc})
 		tx.AddChain(Chain{Name: ep})
 		tx.AddRule(ep, MatchProtoPort{Protocol: "TCP"}, DNAT{Addr: netip.AddrFrom4([4]byte{10, 42, byte(i >> 8), byte(i)}), Port: 8080})
-		tx.AddRule(svc, Numgen{Chains: []string{ep}})
+		tx.AddRule(svc, VerdictStmt{Goto(ep)})
 		tx.AddElem(mpSvc4, MapKey{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Protocol: "TCP", Port: 80}, Goto(svc))
 	}
 	if err := f.Apply(tx); err != nil {

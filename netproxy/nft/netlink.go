@@ -4,9 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -62,7 +65,11 @@ func (n *Netlink) Apply(tx *Tx) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	b := &nlBatch{t: table(), msgs: 1}
-	c, err := n.conn(&b.msgs)
+	var msgs []mnl.Message
+	c, err := nftables.New(nftables.WithTestDial(func(req []mnl.Message) ([]mnl.Message, error) {
+		msgs = req
+		return nil, errBatchMarshalled
+	}))
 	if err != nil {
 		return fmt.Errorf("apply tx: %w", err)
 	}
@@ -75,10 +82,97 @@ func (n *Netlink) Apply(tx *Tx) error {
 		}
 		i = next
 	}
-	if err := c.Flush(); err != nil {
+	if err := c.Flush(); !errors.Is(err, errBatchMarshalled) {
+		return fmt.Errorf("apply tx: marshal %d ops: %w", len(tx.Ops), err)
+	}
+	if err := n.send(msgs); err != nil {
 		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), netproxy.TableName, err)
 	}
 	return nil
+}
+
+// errBatchMarshalled ends google/nftables' Flush once it has marshalled
+// a batch into netlink messages: Apply sends them itself (see send). It
+// reads as a permission error because that is the error Flush returns
+// at once, without reading one acknowledgement per message first.
+var errBatchMarshalled = batchMarshalled{}
+
+type batchMarshalled struct{}
+
+func (batchMarshalled) Error() string { return "batch marshalled" }
+
+func (batchMarshalled) Is(target error) bool { return target == os.ErrPermission }
+
+// commitTimeout bounds the wait for the kernel's answer to a batch. The
+// kernel processes and commits a batch within the sendmsg that sends it,
+// so its answer is queued by the time the wait starts; the bound is for a
+// kernel that never answers.
+const commitTimeout = 30 * time.Second
+
+// send sends msgs, a batch as google/nftables marshals it (begin, the
+// messages, end), to the kernel as one sendmsg and returns the kernel's
+// verdict: nil when the batch was committed, else the errors of the
+// messages it refused (every one of them, as the kernel reports them).
+//
+// google/nftables asks for an acknowledgement of every message and an
+// echo of every rule, which at 10,000 Services is some 240,000 replies
+// to build, queue and read, one recvmsg each: the largest part of a cold
+// sync. The kernel reports a failed message whether asked or not, and
+// sends the acknowledgements it owes only once the whole batch has been
+// committed or aborted, so only the last message asks for one: when it
+// comes, every error came before it.
+func (n *Netlink) send(msgs []mnl.Message) error {
+	if len(msgs) <= 2 {
+		return nil // begin and end only
+	}
+	for i := range msgs {
+		msgs[i].Header.Flags &^= mnl.Acknowledge | unix.NLM_F_ECHO
+		msgs[i].Header.Sequence = 0
+	}
+	msgs[len(msgs)-2].Header.Flags |= mnl.Acknowledge
+	c, err := mnl.Dial(unix.NETLINK_NETFILTER, &mnl.Config{NetNS: n.netns})
+	if err != nil {
+		return fmt.Errorf("open nftables netlink: %w", err)
+	}
+	defer c.Close()
+	if err := setBufferSize(c, bufferSize(len(msgs))); err != nil {
+		return err
+	}
+	sent, err := c.SendMessages(msgs)
+	if err != nil {
+		return fmt.Errorf("send batch of %d messages: %w", len(msgs), err)
+	}
+	last := sent[len(sent)-2].Header.Sequence
+	var errs error
+	deadline := time.Now().Add(commitTimeout)
+	for {
+		if err := c.SetReadDeadline(deadline); err != nil {
+			return fmt.Errorf("netlink read deadline: %w", err)
+		}
+		replies, err := c.Receive()
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) && ne.Timeout():
+			if errs != nil {
+				return errs
+			}
+			return fmt.Errorf("no answer to a batch of %d messages in %s", len(msgs), commitTimeout)
+		case errors.Is(err, unix.ENOBUFS):
+			return errors.Join(errs, fmt.Errorf("read the kernel's answer: %w", err))
+		case err != nil:
+			// An error answer, one refused message. The others (and the
+			// last message's acknowledgement, when the failure was not
+			// its own) were queued with it.
+			errs = errors.Join(errs, err)
+			deadline = time.Now().Add(100 * time.Millisecond)
+			continue
+		}
+		for _, m := range replies {
+			if m.Header.Type == mnl.Error && m.Header.Sequence == last {
+				return errs
+			}
+		}
+	}
 }
 
 // List returns the names of the table's chains, maps and sets, sorted; a
@@ -508,12 +602,11 @@ func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
 				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
 			}
 			exprs = append(exprs, e...)
-		case Numgen:
-			e, err := b.numgen(s)
-			if err != nil {
-				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
-			}
-			exprs = append(exprs, e...)
+		case MatchRandom:
+			exprs = append(exprs,
+				&expr.Numgen{Register: nlReg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: make([]byte, 4)},
+			)
 		case SetLookup:
 			needFamily(s.V6)
 			exprs = append(exprs,
@@ -594,34 +687,6 @@ func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
 		return nil, fmt.Errorf("unknown key type %q", s.Key)
 	}
 	return append(e, &expr.Lookup{SourceRegister: nlReg1, SetName: s.Map, IsDestRegSet: true, DestRegister: 0}), nil
-}
-
-// numgen is `numgen random mod N vmap { 0 : goto c0, … }`: the anonymous
-// constant verdict map goes in the same batch, before the rule that binds
-// it.
-func (b *nlBatch) numgen(s Numgen) ([]expr.Any, error) {
-	if len(s.Chains) == 0 {
-		return nil, fmt.Errorf("numgen over no chains")
-	}
-	set := &nftables.Set{Table: b.t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
-	els := make([]nftables.SetElement, len(s.Chains))
-	for i, c := range s.Chains {
-		if c == "" {
-			return nil, fmt.Errorf("numgen branch %d: no chain", i)
-		}
-		els[i] = nftables.SetElement{
-			Key:         binary.NativeEndian.AppendUint32(nil, uint32(i)),
-			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: c},
-		}
-	}
-	if err := b.c.AddSet(set, els); err != nil {
-		return nil, fmt.Errorf("add numgen map: %w", err)
-	}
-	b.msgs += 2 // the set and its elements
-	return []expr.Any{
-		&expr.Numgen{Register: nlReg1, Modulus: uint32(len(s.Chains)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: nlReg1, SetName: set.Name, SetID: set.ID, IsDestRegSet: true, DestRegister: 0},
-	}, nil
 }
 
 var (

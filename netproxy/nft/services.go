@@ -274,8 +274,15 @@ func (r *svcRender) policyChain(name string, idx []int, internal bool) chainDef 
 				chains = append(chains, r.endpointChainName(i))
 			}
 		}
-		if len(chains) > 0 {
-			rules = append(rules, Rule{Stmts: []Stmt{MatchFamily{V6: v6}, Numgen{Chains: chains}}})
+		// One endpoint in k: the first rule takes 1/k of the packets,
+		// the next 1/(k-1) of the rest, and so on; the last takes what
+		// is left.
+		for i, c := range chains {
+			stmts := []Stmt{MatchFamily{V6: v6}}
+			if left := len(chains) - i; left > 1 {
+				stmts = append(stmts, MatchRandom{Mod: uint32(left)})
+			}
+			rules = append(rules, Rule{Stmts: append(stmts, VerdictStmt{Goto(c)})})
 		}
 	}
 	return chainDef{Chain: Chain{Name: name}, rules: rules}

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -461,5 +462,34 @@ func TestSyncRejectsBadState(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTableBalancesEvenly: over 1 to 6 ready endpoints, the numgen
+// cascade sends each endpoint the same share of new connections.
+func TestTableBalancesEvenly(t *testing.T) {
+	for n := 1; n <= 6; n++ {
+		sp := svcClusterIP()
+		sp.Endpoints = nil
+		for i := range n {
+			sp.Endpoints = append(sp.Endpoints, ready(netip.AddrFrom4([4]byte{10, 42, 1, byte(10 + i)}), 8080, false))
+		}
+		f, _ := synced(t, State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
+		outs, err := f.Trace(Packet{Src: tsPod, Dst: ip("10.96.0.10"), Protocol: "TCP", Port: 80}, tsIsLocal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shares := map[netip.AddrPort]float64{}
+		for _, o := range outs {
+			shares[o.DNAT] += o.Share
+		}
+		if len(shares) != n {
+			t.Errorf("%d endpoints: reached %d: %v", n, len(shares), shares)
+		}
+		for ep, s := range shares {
+			if math.Abs(s-1/float64(n)) > 1e-9 {
+				t.Errorf("%d endpoints: %s gets %.4f of connections, want %.4f", n, ep, s, 1/float64(n))
+			}
+		}
 	}
 }

@@ -16,13 +16,14 @@ type Packet struct {
 	Output   bool   // sent by the node itself (output hook); else arriving (prerouting)
 }
 
-// Outcome is one way the packet can go (numgen gives one per branch).
+// Outcome is one way the packet can go (each numgen draw gives one).
 type Outcome struct {
 	DNAT              netip.AddrPort // zero when not DNATed
 	Masquerade        bool
 	Rejected, Dropped bool
 	AffinityUpdates   []string // sets updated on the way
 	Chains            []string // chains visited, in order
+	Share             float64  // the share of such packets that go this way (numgen draws)
 }
 
 // String summarizes the outcome without the chains:
@@ -70,8 +71,12 @@ func (f *Fake) AddSetElement(set string, addr netip.Addr) error {
 	return nil
 }
 
-// maxTraceSteps bounds the rules one trace evaluates.
-const maxTraceSteps = 100000
+// maxTraceSteps bounds the rules one way of a trace evaluates, and
+// maxTraceOutcomes the ways.
+const (
+	maxTraceSteps    = 100000
+	maxTraceOutcomes = 10000
+)
 
 // Trace follows p through the base chains in hook and priority order:
 // prerouting (or output) nat and filter chains, then, by whether the
@@ -88,7 +93,8 @@ const maxTraceSteps = 100000
 // has NATed the packet its remaining nat chains are skipped; dnat of the
 // other address family does nothing; reject and drop end the trace. The
 // mark starts at zero, ct status dnat holds once the packet was DNATed,
-// and each numgen branch is followed separately, giving one Outcome each.
+// and both ways of each numgen match (drawn 0 or not) are followed
+// separately, giving one Outcome each.
 func (f *Fake) Trace(p Packet, local func(netip.Addr) bool) ([]Outcome, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -118,14 +124,23 @@ func (f *Fake) Trace(p Packet, local func(netip.Addr) bool) ([]Outcome, error) {
 			return cmp.Or(cmp.Compare(t.chains[a].base.Priority, t.chains[b].base.Priority), strings.Compare(a, b))
 		})
 	}
-	st := &traceState{src: p.Src, dst: p.Dst, proto: p.Protocol, port: p.Port, output: p.Output, hook: HookPrerouting}
+	st := &traceState{src: p.Src, dst: p.Dst, proto: p.Protocol, port: p.Port, output: p.Output, hook: HookPrerouting, out: Outcome{Share: 1}}
 	if p.Output {
 		st.hook = HookOutput
 	}
 	st.bases = tr.bases[st.hook]
-	outs, err := tr.run(st)
-	if err != nil {
-		return nil, fmt.Errorf("trace %s %s -> %s: %w", strings.ToLower(p.Protocol), p.Src, netip.AddrPortFrom(p.Dst, p.Port), err)
+	var outs []Outcome
+	for next := []*traceState{st}; len(next) > 0; next, tr.forks = tr.forks, nil {
+		for _, st := range next {
+			out, err := tr.run(st)
+			if err != nil {
+				return nil, fmt.Errorf("trace %s %s -> %s: %w", strings.ToLower(p.Protocol), p.Src, netip.AddrPortFrom(p.Dst, p.Port), err)
+			}
+			outs = append(outs, out)
+			if len(outs) > maxTraceOutcomes {
+				return nil, fmt.Errorf("trace %s %s -> %s: more than %d outcomes", strings.ToLower(p.Protocol), p.Src, netip.AddrPortFrom(p.Dst, p.Port), maxTraceOutcomes)
+			}
+		}
 	}
 	return outs, nil
 }
@@ -135,6 +150,7 @@ type tracer struct {
 	affinity map[string]map[netip.Addr]bool
 	local    func(netip.Addr) bool
 	bases    map[Hook][]string // base chains by hook, in the order they run
+	forks    []*traceState     // ways a MatchRandom did not match, still to run
 }
 
 type traceState struct {
@@ -191,23 +207,24 @@ func (tr *tracer) nextHook(st *traceState) (Hook, bool) {
 	return "", false
 }
 
-// ruleResult is what a rule did: nothing (next rule), a verdict, one
-// verdict per numgen branch, or settled the packet's fate.
+// ruleResult is what a rule did: nothing (next rule), a verdict, or
+// settled the packet's fate.
 type ruleResult struct {
-	verdicts []Verdict
-	stop     bool
+	verdict *Verdict
+	stop    bool
 }
 
-func (tr *tracer) run(st *traceState) ([]Outcome, error) {
+// run follows one way of the packet to its end.
+func (tr *tracer) run(st *traceState) (Outcome, error) {
 	for {
 		if st.steps++; st.steps > maxTraceSteps {
-			return nil, fmt.Errorf("more than %d steps: a loop?", maxTraceSteps)
+			return Outcome{}, fmt.Errorf("more than %d steps: a loop?", maxTraceSteps)
 		}
 		if len(st.stack) == 0 {
 			if len(st.bases) == 0 {
 				next, ok := tr.nextHook(st)
 				if !ok {
-					return []Outcome{st.out}, nil
+					return st.out, nil
 				}
 				st.hook, st.bases, st.natted = next, tr.bases[next], false
 				continue
@@ -232,30 +249,15 @@ func (tr *tracer) run(st *traceState) ([]Outcome, error) {
 		top.rule++
 		res, err := tr.evalRule(st, r)
 		if err != nil {
-			return nil, fmt.Errorf("chain %s rule %d (%s): %w", top.chain, top.rule-1, r, err)
+			return Outcome{}, fmt.Errorf("chain %s rule %d (%s): %w", top.chain, top.rule-1, r, err)
 		}
 		switch {
 		case res.stop:
-			return []Outcome{st.out}, nil
-		case len(res.verdicts) == 1:
-			if tr.verdict(st, res.verdicts[0]) {
-				return []Outcome{st.out}, nil
+			return st.out, nil
+		case res.verdict != nil:
+			if tr.verdict(st, *res.verdict) {
+				return st.out, nil
 			}
-		case len(res.verdicts) > 1:
-			var all []Outcome
-			for _, v := range res.verdicts {
-				b := st.clone()
-				if tr.verdict(b, v) {
-					all = append(all, b.out)
-					continue
-				}
-				outs, err := tr.run(b)
-				if err != nil {
-					return nil, err
-				}
-				all = append(all, outs...)
-			}
-			return all, nil
 		}
 	}
 }
@@ -280,7 +282,7 @@ func (tr *tracer) verdict(st *traceState, v Verdict) bool {
 	return false
 }
 
-var traceAccept = ruleResult{verdicts: []Verdict{{Kind: VerdictAccept}}}
+var traceAccept = ruleResult{verdict: &Verdict{Kind: VerdictAccept}}
 
 // evalRule runs a rule's statements until one does not match (the zero
 // result) or one decides.
@@ -342,13 +344,16 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 			if !ok {
 				return ruleResult{}, nil
 			}
-			return ruleResult{verdicts: []Verdict{v}}, nil
-		case Numgen:
-			vs := make([]Verdict, len(s.Chains))
-			for i, c := range s.Chains {
-				vs[i] = Goto(c)
+			return ruleResult{verdict: &v}, nil
+		case MatchRandom:
+			if s.Mod > 1 {
+				// Both ways happen: this copy goes on with the next
+				// rule, as if numgen had not drawn 0.
+				miss := st.clone()
+				miss.out.Share *= float64(s.Mod-1) / float64(s.Mod)
+				tr.forks = append(tr.forks, miss)
+				st.out.Share /= float64(s.Mod)
 			}
-			return ruleResult{verdicts: vs}, nil
 		case SetLookup:
 			if s.V6 != st.v6() || !tr.affinity[s.Set][st.src] {
 				return ruleResult{}, nil
@@ -372,7 +377,7 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 			st.out.Rejected = true
 			return ruleResult{stop: true}, nil
 		case VerdictStmt:
-			return ruleResult{verdicts: []Verdict{s.Verdict}}, nil
+			return ruleResult{verdict: &s.Verdict}, nil
 		default:
 			return ruleResult{}, fmt.Errorf("statement %T: the tracer does not know it", s)
 		}
