@@ -509,7 +509,7 @@ func checkBase(b Base) error {
 
 func checkKeyType(k KeyType) error {
 	switch k {
-	case KeyAddr4ProtoPort, KeyAddr6ProtoPort, KeyProtoPort:
+	case KeyAddr4ProtoPort, KeyAddr6ProtoPort, KeyProtoPort, KeyAddr4Pair, KeyAddr6Pair:
 		return nil
 	}
 	return fmt.Errorf("unknown key type %q: %w", k, unix.EINVAL)
@@ -520,6 +520,19 @@ func checkKeyType(k KeyType) error {
 func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
 	if opKey != mapKey {
 		return k, fmt.Errorf("op says key type %q, map has %q: %w", opKey, mapKey, unix.EINVAL)
+	}
+	if pairKey(mapKey) {
+		v6 := mapKey == KeyAddr6Pair
+		if !k.Addr.IsValid() || !k.Addr2.IsValid() || k.Addr.Is6() != v6 || k.Addr2.Is6() != v6 || k.Addr.Is4In6() || k.Addr2.Is4In6() {
+			return k, fmt.Errorf("key %s: map %s needs two %s addresses: %w", k, mapKey, addrType(v6), unix.EINVAL)
+		}
+		if k.Protocol != "" || k.Port != 0 {
+			return k, fmt.Errorf("key %s: map %s takes no protocol or port: %w", k, mapKey, unix.EINVAL)
+		}
+		return k, nil
+	}
+	if k.Addr2.IsValid() {
+		return k, fmt.Errorf("key %s: map %s takes one address: %w", k, mapKey, unix.EINVAL)
 	}
 	k.Protocol = strings.ToUpper(k.Protocol)
 	if _, ok := l4proto[k.Protocol]; !ok {

@@ -191,11 +191,11 @@ func TestE2ETableHostPortsReplace(t *testing.T) {
 	if _, err := NewTable(NewNetlink(ns)).Sync(State{PodCIDR: tsPodCIDR, HostPorts: many}); err != nil {
 		t.Fatalf("sync %d hostPorts: %v", len(many), err)
 	}
-	// nat-postrouting: jump masquerading, a hairpin rule per hostPort,
-	// pod egress masquerade.
+	// nat-postrouting: the two Service hairpin lookups, jump
+	// masquerading, a hairpin rule per hostPort, pod egress masquerade.
 	got := ruleCounts(t, ns)
-	if got[chainHostPorts] != 3000 || got[natPostrouting] != 3002 || got["stray"] != 0 {
-		t.Errorf("rule counts after large sync: hostports %d, nat-postrouting %d, stray %d; want 3000, 3002, 0",
+	if got[chainHostPorts] != 3000 || got[natPostrouting] != 3004 || got["stray"] != 0 {
+		t.Errorf("rule counts after large sync: hostports %d, nat-postrouting %d, stray %d; want 3000, 3004, 0",
 			got[chainHostPorts], got[natPostrouting], got["stray"])
 	}
 
@@ -208,8 +208,8 @@ func TestE2ETableHostPortsReplace(t *testing.T) {
 	if _, ok := got["stray"]; ok {
 		t.Error("the stray chain survived a full sync")
 	}
-	if got[chainHostPorts] != 1 || got[natPostrouting] != 3 {
-		t.Errorf("rule counts after a full sync with one hostPort: hostports %d, nat-postrouting %d; want 1, 3", got[chainHostPorts], got[natPostrouting])
+	if got[chainHostPorts] != 1 || got[natPostrouting] != 5 {
+		t.Errorf("rule counts after a full sync with one hostPort: hostports %d, nat-postrouting %d; want 1, 5", got[chainHostPorts], got[natPostrouting])
 	}
 
 	none := State{PodCIDR: tsPodCIDR}
@@ -220,7 +220,7 @@ func TestE2ETableHostPortsReplace(t *testing.T) {
 	if got, want := normalizeNFT(nftListTable(t, ns)), fresh.Dump(); got != want {
 		t.Errorf("kernel differs from a full sync on the Fake (nft %s):\n%s", nftVersion(), lineDiff(want, got))
 	}
-	if got := ruleCounts(t, ns); got[chainHostPorts] != 0 || got[natPostrouting] != 2 {
-		t.Errorf("rule counts without hostPorts: hostports %d, nat-postrouting %d; want 0, 2", got[chainHostPorts], got[natPostrouting])
+	if got := ruleCounts(t, ns); got[chainHostPorts] != 0 || got[natPostrouting] != 4 {
+		t.Errorf("rule counts without hostPorts: hostports %d, nat-postrouting %d; want 0, 4", got[chainHostPorts], got[natPostrouting])
 	}
 }

@@ -81,7 +81,15 @@ const (
 	KeyAddr6ProtoPort KeyType = "ipv6_addr . inet_proto . inet_service"
 	// KeyProtoPort is `inet_proto . inet_service`.
 	KeyProtoPort KeyType = "inet_proto . inet_service"
+	// KeyAddr4Pair is `ipv4_addr . ipv4_addr`, looked up with the
+	// packet's source and destination.
+	KeyAddr4Pair KeyType = "ipv4_addr . ipv4_addr"
+	// KeyAddr6Pair is `ipv6_addr . ipv6_addr`.
+	KeyAddr6Pair KeyType = "ipv6_addr . ipv6_addr"
 )
+
+// pairKey reports whether k is an address pair.
+func pairKey(k KeyType) bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
 
 // Map is a named verdict map.
 type Map struct {
@@ -89,15 +97,22 @@ type Map struct {
 	Key  KeyType
 }
 
-// MapKey is a key of a verdict map; Addr is unset for KeyProtoPort.
+// MapKey is a key of a verdict map; Addr is unset for KeyProtoPort. A
+// pair key (KeyAddr4Pair, KeyAddr6Pair) is Addr . Addr2, with no
+// protocol or port.
 type MapKey struct {
 	Addr     netip.Addr
+	Addr2    netip.Addr
 	Protocol string // TCP, UDP or SCTP
 	Port     uint16
 }
 
-// String prints the key as nft does: `10.0.0.1 . tcp . 80`.
+// String prints the key as nft does: `10.0.0.1 . tcp . 80`, or
+// `10.42.0.5 . 10.42.0.5` for a pair.
 func (k MapKey) String() string {
+	if k.Addr2.IsValid() {
+		return k.Addr.String() + " . " + k.Addr2.String()
+	}
 	s := strings.ToLower(k.Protocol) + " . " + fmt.Sprint(k.Port)
 	if k.Addr.IsValid() {
 		s = k.Addr.String() + " . " + s
@@ -242,7 +257,8 @@ type MatchDNATed struct{}
 func (MatchDNATed) String() string { return "ct status dnat" }
 
 // MapLookup is `ip daddr . meta l4proto . th dport vmap @map` (or without
-// the address for KeyProtoPort maps).
+// the address for KeyProtoPort maps, or `ip saddr . ip daddr vmap @map`
+// for pair maps).
 type MapLookup struct {
 	Map string
 	Key KeyType
@@ -250,6 +266,10 @@ type MapLookup struct {
 
 func (m MapLookup) String() string {
 	switch m.Key {
+	case KeyAddr4Pair:
+		return "ip saddr . ip daddr vmap @" + m.Map
+	case KeyAddr6Pair:
+		return "ip6 saddr . ip6 daddr vmap @" + m.Map
 	case KeyAddr4ProtoPort:
 		return "ip daddr . meta l4proto . th dport vmap @" + m.Map
 	case KeyAddr6ProtoPort:

@@ -435,6 +435,10 @@ func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
 		return nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService), nil
 	case KeyProtoPort:
 		return nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService), nil
+	case KeyAddr4Pair:
+		return nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr), nil
+	case KeyAddr6Pair:
+		return nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeIP6Addr), nil
 	}
 	return nftables.SetDatatype{}, fmt.Errorf("unknown key type %q", k)
 }
@@ -442,6 +446,19 @@ func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
 // nlElemKey encodes a map key as the kernel stores concatenations: each
 // field padded to a multiple of 4 bytes.
 func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
+	if pairKey(kt) {
+		v6 := kt == KeyAddr6Pair
+		if !k.Addr.IsValid() || !k.Addr2.IsValid() || k.Addr.Is6() != v6 || k.Addr2.Is6() != v6 || k.Addr.Is4In6() || k.Addr2.Is4In6() {
+			return nil, fmt.Errorf("key %s: map %s needs two %s addresses", k, kt, addrType(v6))
+		}
+		if k.Protocol != "" || k.Port != 0 {
+			return nil, fmt.Errorf("key %s: map %s takes no protocol or port", k, kt)
+		}
+		return append(k.Addr.AsSlice(), k.Addr2.AsSlice()...), nil
+	}
+	if k.Addr2.IsValid() {
+		return nil, fmt.Errorf("key %s: map %s takes one address", k, kt)
+	}
 	proto, ok := l4proto[strings.ToUpper(k.Protocol)]
 	if !ok {
 		return nil, fmt.Errorf("key %s: protocol %q: want TCP, UDP or SCTP", k, k.Protocol)
@@ -726,6 +743,18 @@ func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
 		e = append(e, l4(nlReg2, nlRegV6Port)...)
 	case KeyProtoPort:
 		e = append(e, l4(nlReg1, nlRegPort)...)
+	case KeyAddr4Pair:
+		needFamily(false)
+		e = append(e,
+			&expr.Payload{DestRegister: nlReg32, Base: expr.PayloadBaseNetworkHeader, Offset: ip4SaddrOffset, Len: 4},
+			&expr.Payload{DestRegister: nlReg32 + 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOffset, Len: 4},
+		)
+	case KeyAddr6Pair:
+		needFamily(true)
+		e = append(e,
+			&expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6SaddrOffset, Len: 16},
+			&expr.Payload{DestRegister: nlReg2, Base: expr.PayloadBaseNetworkHeader, Offset: ip6DaddrOffset, Len: 16},
+		)
 	default:
 		return nil, fmt.Errorf("unknown key type %q", s.Key)
 	}

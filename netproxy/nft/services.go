@@ -42,8 +42,10 @@ func endpointReadable(key string, e netproxy.Endpoint) string {
 //
 //   - service-…: the cluster-wide policy chain. It has affinity rules
 //     (`ip saddr @affinity-… goto endpoint-…`) and, per family with
-//     endpoints, `meta nfproto ipvX numgen random mod N vmap {…}` over
-//     the usable endpoints of that family.
+//     endpoints, a numgen cascade over the usable endpoints of that
+//     family (see MatchRandom): `meta nfproto ipvX numgen random mod k 0
+//     meta l4proto <proto> dnat to <ip>:<port>`, …, or with affinity
+//     `… goto endpoint-…`.
 //   - local-…: the same over this node's usable endpoints, when
 //     internalTrafficPolicy or externalTrafficPolicy is Local.
 //   - The chain ClusterIPs go to (service-…, or local-… for
@@ -55,10 +57,13 @@ func endpointReadable(key string, e netproxy.Endpoint) string {
 //     service-…; with Local, pods and the node itself short-circuit to
 //     service-… (the node masqueraded) and the rest goes to local-…
 //     unmasqueraded, so endpoints see the client's address.
-//   - endpoint-…__ip/port: `ip saddr <ip> jump mark-for-masquerade`
-//     (a pod reaching itself), `update @affinity-… { ip saddr }` with
-//     affinity, `meta l4proto <proto> dnat to <ip>:<port>`.
+//   - endpoint-…__ip/port, with affinity only: `update @affinity-… {
+//     ip saddr }`, `meta l4proto <proto> dnat to <ip>:<port>`.
 //   - affinity-…__ip/port sets, with the affinity timeout.
+//   - objects.hairpin: every endpoint the chains go to, whose `ip . ip`
+//     element of hairpin-endpoints(6) masquerades a pod that reached
+//     itself. An element per endpoint, not a rule: fewer objects for the
+//     kernel to check at every commit.
 //   - Map elements, per address family: a ClusterIP goes to its chain in
 //     service-ips(6) when it has endpoints for its traffic policy, else
 //     into no-endpoint-services(6) as drop (there are endpoints, just none
@@ -113,8 +118,9 @@ func renderService(key string, sp *netproxy.ServicePort, podCIDR netip.Prefix, o
 	if useExternal {
 		o.chains = append(o.chains, r.externalChain(externalChain, serviceChain, localChain, len(local) > 0))
 	}
-	// Endpoint chains (and affinity sets) for every endpoint a policy
-	// chain goes to, in the ServicePort's order.
+	// Every endpoint a policy chain goes to, in the ServicePort's order,
+	// has a hairpin element; with affinity, also an endpoint chain and an
+	// affinity set.
 	used := make([]bool, len(sp.Endpoints))
 	if useCluster {
 		for _, i := range cluster {
@@ -130,10 +136,12 @@ func renderService(key string, sp *netproxy.ServicePort, podCIDR netip.Prefix, o
 		if !u {
 			continue
 		}
-		o.chains = append(o.chains, r.endpointChain(i))
-		if sp.AffinityTimeout > 0 {
-			o.sets = append(o.sets, AddrSet{Name: r.affinitySet(i), V6: r.is6(i), Timeout: sp.AffinityTimeout})
+		o.hairpin = append(o.hairpin, r.addr(i))
+		if sp.AffinityTimeout <= 0 {
+			continue
 		}
+		o.chains = append(o.chains, r.endpointChain(i))
+		o.sets = append(o.sets, AddrSet{Name: r.affinitySet(i), V6: r.is6(i), Timeout: sp.AffinityTimeout})
 	}
 
 	// Map elements, each key once (the first wins).
@@ -268,21 +276,27 @@ func (r *svcRender) policyChain(name string, idx []int, internal bool) chainDef 
 		}
 	}
 	for _, v6 := range []bool{false, true} {
-		var chains []string
+		var fam []int
 		for _, i := range idx {
 			if r.is6(i) == v6 {
-				chains = append(chains, r.endpointChainName(i))
+				fam = append(fam, i)
 			}
 		}
 		// One endpoint in k: the first rule takes 1/k of the packets,
 		// the next 1/(k-1) of the rest, and so on; the last takes what
-		// is left.
-		for i, c := range chains {
+		// is left. With affinity each goes to the endpoint's chain, which
+		// remembers the client; without, it DNATs at once.
+		for n, i := range fam {
 			stmts := []Stmt{MatchFamily{V6: v6}}
-			if left := len(chains) - i; left > 1 {
+			if left := len(fam) - n; left > 1 {
 				stmts = append(stmts, MatchRandom{Mod: uint32(left)})
 			}
-			rules = append(rules, Rule{Stmts: append(stmts, VerdictStmt{Goto(c)})})
+			if r.sp.AffinityTimeout > 0 {
+				stmts = append(stmts, VerdictStmt{Goto(r.endpointChainName(i))})
+			} else {
+				stmts = append(stmts, r.dnat(i)...)
+			}
+			rules = append(rules, Rule{Stmts: stmts})
 		}
 	}
 	return chainDef{Chain: Chain{Name: name}, rules: rules}
@@ -315,19 +329,16 @@ func (r *svcRender) externalChain(name, serviceChain, localChain string, hasLoca
 	return chainDef{Chain: Chain{Name: name}, rules: rules}
 }
 
-// endpointChain DNATs to endpoint i.
+// endpointChain remembers the client for affinity and DNATs to endpoint
+// i (a Service with affinity only).
 func (r *svcRender) endpointChain(i int) chainDef {
-	ip := r.addr(i)
-	rules := []Rule{{Stmts: []Stmt{
-		MatchAddr{Prefix: netip.PrefixFrom(ip, ip.BitLen())},
-		VerdictStmt{Jump(chainMarkMasq)},
-	}}}
-	if r.sp.AffinityTimeout > 0 {
-		rules = append(rules, Rule{Stmts: []Stmt{SetUpdate{Set: r.affinitySet(i), V6: ip.Is6()}}})
-	}
-	rules = append(rules, Rule{Stmts: []Stmt{
-		MatchProtoPort{Protocol: r.proto},
-		DNAT{Addr: ip, Port: r.sp.Endpoints[i].Port},
-	}})
-	return chainDef{Chain: Chain{Name: r.endpointChainName(i)}, rules: rules}
+	return chainDef{Chain: Chain{Name: r.endpointChainName(i)}, rules: []Rule{
+		{Stmts: []Stmt{SetUpdate{Set: r.affinitySet(i), V6: r.is6(i)}}},
+		{Stmts: r.dnat(i)},
+	}}
+}
+
+// dnat is `meta l4proto <proto> dnat to <ip>:<port>` of endpoint i.
+func (r *svcRender) dnat(i int) []Stmt {
+	return []Stmt{MatchProtoPort{Protocol: r.proto}, DNAT{Addr: r.addr(i), Port: r.sp.Endpoints[i].Port}}
 }

@@ -68,6 +68,8 @@ const (
 	mapNameNoEndpointServices  = "no-endpoint-services"
 	mapNameNoEndpointServices6 = "no-endpoint-services6"
 	mapNameNoEndpointNodePorts = "no-endpoint-nodeports"
+	mapNameHairpin             = "hairpin-endpoints"
+	mapNameHairpin6            = "hairpin-endpoints6"
 )
 
 // Name prefixes of per-ServicePort chains and sets, followed by
@@ -78,7 +80,7 @@ const (
 	prefixService  = "service-"  // cluster-wide endpoints
 	prefixLocal    = "local-"    // this node's endpoints
 	prefixExternal = "external-" // NodePort, external and load-balancer IPs
-	prefixEndpoint = "endpoint-" // one endpoint: hairpin mark, affinity, DNAT
+	prefixEndpoint = "endpoint-" // one endpoint of a Service with affinity: affinity, DNAT
 	prefixAffinity = "affinity-" // set of clients stuck to one endpoint
 )
 
@@ -95,6 +97,8 @@ const (
 	mapNoEndpointServices
 	mapNoEndpointServices6
 	mapNoEndpointNodePorts
+	mapHairpin
+	mapHairpin6
 	numMaps
 )
 
@@ -105,6 +109,8 @@ var tableMaps = [numMaps]Map{
 	mapNoEndpointServices:  {Name: mapNameNoEndpointServices, Key: KeyAddr4ProtoPort},
 	mapNoEndpointServices6: {Name: mapNameNoEndpointServices6, Key: KeyAddr6ProtoPort},
 	mapNoEndpointNodePorts: {Name: mapNameNoEndpointNodePorts, Key: KeyProtoPort},
+	mapHairpin:             {Name: mapNameHairpin, Key: KeyAddr4Pair},
+	mapHairpin6:            {Name: mapNameHairpin6, Key: KeyAddr6Pair},
 }
 
 var (
@@ -139,6 +145,7 @@ type Table struct {
 	hostPorts []HostPort
 	services  map[string]*svcEntry // by ServicePort.String()
 	elems     map[elemID]claims    // map elements and who wants them
+	hairpin   map[netip.Addr]int32 // hairpin elements and how many ServicePorts want each
 	gen       uint64               // Sync generation, to find services gone
 	keyBuf    []byte
 	chains    int // chain and rule totals, for Counts
@@ -179,7 +186,7 @@ func (t *Table) Full() bool {
 func (t *Table) Counts() (chains, rules, elements int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.chains, t.rules, len(t.elems)
+	return t.chains, t.rules, len(t.elems) + len(t.hairpin)
 }
 
 // Sync makes the table hold s. The first call, a call after a failed
@@ -218,9 +225,15 @@ func (t *Table) Sync(s State) (ops int, err error) {
 // objects are the named things one unit (a ServicePort, or the fixed
 // part of the table) wants.
 type objects struct {
-	chains []chainDef
-	sets   []AddrSet
-	elems  []elem
+	chains  []chainDef
+	sets    []AddrSet
+	elems   []elem
+	hairpin []netip.Addr // endpoints, each an element `ip . ip` of hairpin-endpoints(6)
+}
+
+// hairpinElem is the element of hairpin-endpoints(6) for endpoint a.
+func hairpinElem(a netip.Addr) (Map, MapKey, Verdict) {
+	return tableMaps[pick(a.Is6(), mapHairpin, mapHairpin6)], MapKey{Addr: a, Addr2: a}, Jump(chainMarkMasq)
 }
 
 type chainDef struct {
@@ -336,7 +349,7 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 	}
 	// Sized up front: a cold sync of 10,000 services is ~200,000 ops.
 	tx := &Tx{Ops: make([]Op, 0, 2*len(cont.Chains)+len(cont.Maps)+len(cont.Sets)+len(recreate)+
-		len(tableMaps)+len(o.sets)+len(o.chains)+nRules+len(o.elems))}
+		len(tableMaps)+len(o.sets)+len(o.chains)+nRules+len(o.elems)+len(o.hairpin))}
 	for _, c := range cont.Chains {
 		tx.FlushChain(c)
 	}
@@ -388,6 +401,13 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 		}
 		start = elemEnd[i]
 	}
+	hairpin := make(map[netip.Addr]int32, len(o.hairpin))
+	for _, a := range o.hairpin {
+		if hairpin[a]++; hairpin[a] == 1 {
+			m, k, v := hairpinElem(a)
+			tx.AddElem(m, k, v)
+		}
+	}
 
 	if err := t.rs.Apply(tx); err != nil {
 		return 0, fmt.Errorf("apply full sync (%d ops): %w", len(tx.Ops), err)
@@ -401,6 +421,7 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 	t.hostPorts = hostPorts
 	t.services = entries
 	t.elems = elems
+	t.hairpin = hairpin
 	t.chains = len(o.chains)
 	t.rules = nRules
 	return len(tx.Ops), nil
@@ -425,7 +446,21 @@ type delta struct {
 	dRules      int
 	next        map[elemID]claims // claims after the change, for touched keys
 	touched     []elemID
-	touchedFrom map[elemID]claim // the element in the table before
+	touchedFrom map[elemID]claim     // the element in the table before
+	hairpin     map[netip.Addr]int32 // change of each hairpin element's count
+	hairpinKeys []netip.Addr         // hairpin's keys, in the order first seen
+	hairpinFrom map[netip.Addr]int32 // the counts before the Tx
+}
+
+// bumpHairpin changes the count of hairpin element a by n.
+func (d *delta) bumpHairpin(a netip.Addr, n int32) {
+	if d.hairpin == nil {
+		d.hairpin = map[netip.Addr]int32{}
+	}
+	if _, ok := d.hairpin[a]; !ok {
+		d.hairpinKeys = append(d.hairpinKeys, a)
+	}
+	d.hairpin[a] += n
 }
 
 // unit diffs one unit's objects, before and after (either may be empty);
@@ -478,6 +513,12 @@ func (d *delta) unit(svc string, old, cur *objects, applied map[elemID]claims) {
 		d.dRules -= len(c.rules)
 	}
 	d.dChains += len(cur.chains) - len(old.chains)
+	for _, a := range old.hairpin {
+		d.bumpHairpin(a, -1)
+	}
+	for _, a := range cur.hairpin {
+		d.bumpHairpin(a, 1)
+	}
 	if svc == "" {
 		return
 	}
@@ -543,7 +584,7 @@ func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) 
 	}
 	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.key, b.key) })
 
-	d := &delta{next: map[elemID]claims{}}
+	d := &delta{next: map[elemID]claims{}, hairpinFrom: t.hairpin}
 	if fixedChanged {
 		old := objects{chains: renderFixed(t.podCIDR, t.hostPorts)}
 		cur := objects{chains: renderFixed(t.podCIDR, hostPorts)}
@@ -635,9 +676,21 @@ func (d *delta) tx() *Tx {
 		}
 		tx.AddElem(tableMaps[k.m], k.k, after.v)
 	}
+	for _, a := range d.hairpinKeys {
+		if before := d.hairpinFrom[a]; before == 0 && before+d.hairpin[a] > 0 {
+			m, k, v := hairpinElem(a)
+			tx.AddElem(m, k, v)
+		}
+	}
 	for _, k := range d.touched {
 		if d.touchedFrom[k].svc != "" && d.next[k].empty() {
 			tx.DelElem(tableMaps[k.m], k.k)
+		}
+	}
+	for _, a := range d.hairpinKeys {
+		if before := d.hairpinFrom[a]; before > 0 && before+d.hairpin[a] == 0 {
+			m, k, _ := hairpinElem(a)
+			tx.DelElem(m, k)
 		}
 	}
 	if !flushedRemoved {
@@ -662,6 +715,13 @@ func (t *Table) commitDiff(hostPorts []HostPort, d *delta) {
 			delete(t.elems, k)
 		} else {
 			t.elems[k] = c
+		}
+	}
+	for a, n := range d.hairpin {
+		if c := t.hairpin[a] + n; c == 0 {
+			delete(t.hairpin, a)
+		} else {
+			t.hairpin[a] = c
 		}
 	}
 	t.chains += d.dChains
@@ -709,7 +769,15 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 	endpointChecks := []Rule{rule(jump(chainServiceEndpointsCheck)), rule(jump(chainNodePortEndpointsCheck))}
 	lookup := func(m mapID) MapLookup { return MapLookup{Map: tableMaps[m].Name, Key: tableMaps[m].Key} }
 
-	post := []Rule{rule(jump(chainMasquerading))}
+	// A pod sent to itself through a Service (source = destination
+	// after DNAT) is masqueraded, or its answer would not come back
+	// through the DNAT: hairpin-endpoints(6) hold `ip . ip` of every
+	// endpoint.
+	post := []Rule{
+		rule(MatchDNATed{}, lookup(mapHairpin)),
+		rule(MatchDNATed{}, lookup(mapHairpin6)),
+		rule(jump(chainMasquerading)),
+	}
 	hp := make([]Rule, 0, len(hostPorts))
 	for _, h := range hostPorts {
 		post = append(post, hairpinRule(podCIDR, h))

@@ -339,6 +339,11 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 					return ruleResult{}, nil
 				}
 				k.Addr = st.dst
+			case KeyAddr4Pair, KeyAddr6Pair:
+				if st.v6() != (m.key == KeyAddr6Pair) {
+					return ruleResult{}, nil
+				}
+				k = MapKey{Addr: st.src, Addr2: st.dst}
 			}
 			v, ok := m.elems[k]
 			if !ok {

@@ -180,6 +180,40 @@ spec:
 `, name, env.TestImage, out, url)
 }
 
+// selfPod is a backend of the "self" Service that asks that Service itself
+// every 200 ms, as clientPod does: with one endpoint, every request comes
+// back to the pod that sent it (hairpin).
+func selfPod(name, out string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+  labels: {app: self}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: self
+    image: %[2]s
+    env: [{name: NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
+    command:
+    - sh
+    - -c
+    - |
+      mkdir -p /www/cgi-bin
+      printf '#!/bin/sh\necho Content-Type: text/plain\necho\necho "$NAME $REMOTE_ADDR"\n' > /www/cgi-bin/who
+      chmod +x /www/cgi-bin/who
+      httpd -p 8080 -h /www
+      while true; do
+        if a=$(timeout 3 wget -q -O - http://10.43.0.84/cgi-bin/who 2>&1); then echo "ok $a" >> /out/log; else echo "fail $a" >> /out/log; fi
+        sleep 0.2
+      done
+    volumeMounts: [{name: out, mountPath: /out}]
+  volumes:
+  - name: out
+    hostPath: {path: %[3]s, type: Directory}
+`, name, env.TestImage, out)
+}
+
 // clientLog is what a client pod wrote so far.
 func clientLog(t *testing.T, dir string) []string {
 	t.Helper()
@@ -245,6 +279,14 @@ spec:
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: self}
+spec:
+  clusterIP: 10.43.0.84
+  selector: {app: self}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: nobody}
 spec:
   clusterIP: 10.43.0.99
@@ -254,22 +296,24 @@ spec:
 
 // TestServicesStandalone runs Services from manifests with no API server:
 // endpoints come from the local pods' selectors and readiness. It checks
-// a ClusterIP reached from a pod and from the node, readiness, NodePort
+// a ClusterIP reached from a pod and from the node, a pod reaching
+// itself through its Service (hairpin), readiness, NodePort
 // from an outside client (masqueraded, and with externalTrafficPolicy
 // Local the client address kept), UDP, session affinity, a Service with
 // no endpoints refused at once, and the rules across an agent restart.
 func TestServicesStandalone(t *testing.T) {
 	n := newNode(t, "e2e-svc")
 	client := n.outside()
-	ctl, out := t.TempDir(), t.TempDir()
+	ctl, out, selfOut := t.TempDir(), t.TempDir(), t.TempDir()
 	webA, webB := "web-a-"+n.name, "web-b-"+n.name
 	n.write("web-a.yaml", backendPod("web-a", ctl))
 	n.write("web-b.yaml", backendPod("web-b", ctl))
 	n.write("dns.yaml", udpPod("dns-a"))
 	n.write("client.yaml", clientPod("client", out, "http://10.43.0.80/cgi-bin/who"))
+	n.write("self.yaml", selfPod("self", selfOut))
 	n.write("services.yaml", standaloneServices)
 	n.start()
-	for _, p := range []string{webA, webB, "dns-a-" + n.name, "client-" + n.name} {
+	for _, p := range []string{webA, webB, "dns-a-" + n.name, "client-" + n.name, "self-" + n.name} {
 		n.waitPod(p, 60*time.Second, "running and ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
 	}
 
@@ -286,6 +330,20 @@ func TestServicesStandalone(t *testing.T) {
 				}
 			}
 			return seen[webA] && seen[webB], fmt.Sprintf("%d lines, answered: %v, last: %q", len(lines), seen, lines[max(0, len(lines)-3):])
+		})
+	})
+	t.Run("a pod reaches itself through its Service", func(t *testing.T) {
+		// Without the hairpin masquerade the pod would answer itself
+		// from its own address, which its client never asked.
+		waitFor(t, 30*time.Second, "the self pod answering itself", func() (bool, string) {
+			lines := clientLog(t, selfOut)
+			ok := 0
+			for _, l := range lines {
+				if f := strings.Fields(l); len(f) == 3 && f[0] == "ok" && f[1] == "self-"+n.name {
+					ok++
+				}
+			}
+			return ok >= 3, fmt.Sprintf("%d lines, %d answered, last: %q", len(lines), ok, lines[max(0, len(lines)-3):])
 		})
 	})
 	t.Run("node port from outside", func(t *testing.T) {
