@@ -37,14 +37,10 @@ func NewNetlink(netnsFD int) *Netlink {
 	return &Netlink{netns: netnsFD}
 }
 
-// conn returns an nftables connection to the netns whose socket, when
-// Flush dials it, gets buffers large enough for *msgs messages, so that a
-// big batch neither fails to send (EMSGSIZE) nor loses its
-// acknowledgements (ENOBUFS).
-func (n *Netlink) conn(msgs *int) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.WithSockOptions(func(c *mnl.Conn) error {
-		return setBufferSize(c, bufferSize(*msgs))
-	})}
+// conn returns an nftables connection to the netns, for reading the
+// table.
+func (n *Netlink) conn() (*nftables.Conn, error) {
+	var opts []nftables.ConnOption
 	if n.netns != 0 {
 		opts = append(opts, nftables.WithNetNSFd(n.netns))
 	}
@@ -65,7 +61,7 @@ func (n *Netlink) Apply(tx *Tx) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	b := &nlBatch{t: table(), msgs: 1}
+	b := &nlBatch{t: table()}
 	var msgs []mnl.Message
 	c, err := nftables.New(nftables.WithTestDial(func(req []mnl.Message) ([]mnl.Message, error) {
 		msgs = req
@@ -222,8 +218,7 @@ func (n *Netlink) send(msgs []mnl.Message) error {
 // missing table holds nothing.
 func (n *Netlink) List() (Contents, error) {
 	var out Contents
-	msgs := 0
-	c, err := n.conn(&msgs)
+	c, err := n.conn()
 	if err != nil {
 		return out, fmt.Errorf("list table %s: %w", netproxy.TableName, err)
 	}
@@ -267,7 +262,6 @@ type nlBatch struct {
 	c       *nftables.Conn
 	t       *nftables.Table
 	deleted bool // the table was deleted by an earlier op
-	msgs    int  // messages in the batch so far
 }
 
 // add adds ops[i] (and, for elements, the ops after it that change the
@@ -275,7 +269,6 @@ type nlBatch struct {
 // of the next op.
 func (b *nlBatch) add(ops []Op, i int) (int, error) {
 	op := ops[i]
-	b.msgs++
 	if op.Kind == OpDelTable {
 		b.c.DelTable(b.t)
 		b.deleted = true
@@ -284,7 +277,6 @@ func (b *nlBatch) add(ops []Op, i int) (int, error) {
 	if b.deleted {
 		b.c.AddTable(b.t)
 		b.deleted = false
-		b.msgs++
 	}
 	switch op.Kind {
 	case OpAddChain:
@@ -514,15 +506,15 @@ func nlVerdict(v Verdict) (*expr.Verdict, error) {
 const affinitySetSize = 65535
 
 // bytesPerMessage is the socket buffer a batch needs per message: its
-// share of the batch (sent in one sendmsg) and of the acknowledgements,
-// which the kernel queues all at once after the commit and which cost
-// their skb's true size, not their length.
+// share of the batch (sent in one sendmsg) and of the error answers, in
+// case all of it is refused: the kernel queues them all at once after
+// the abort, and each costs its skb's true size, not its length.
 const bytesPerMessage = 2048
 
 // socketBuffer is the netlink socket's least send and receive buffer
 // size. The whole batch is one sendmsg, which fails with EMSGSIZE beyond
-// the send buffer, and the kernel's acknowledgements overflow a small
-// receive buffer with ENOBUFS.
+// the send buffer, and the kernel's answers overflow a small receive
+// buffer with ENOBUFS.
 const socketBuffer = 8 << 20
 
 // bufferSize is the socket buffer size for a batch of msgs messages: at
