@@ -21,6 +21,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/netproxy"
@@ -99,6 +100,12 @@ type Proxy struct {
 	deps  Deps
 	table *nft.Table
 
+	// syncMu serializes Syncs, which share the decode caches.
+	syncMu    sync.Mutex
+	svcCache  *store.Cache[*corev1.Service]
+	epsCache  *store.Cache[*discoveryv1.EndpointSlice]
+	podsCache *store.Cache[*corev1.Pod]
+
 	mu     sync.Mutex
 	stats  Stats
 	counts syncCounts // by kind and result, for metrics
@@ -135,7 +142,12 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	if deps.Clock == nil {
 		deps.Clock = clock.Real{}
 	}
-	return &Proxy{cfg: cfg, deps: deps, table: nft.NewTable(deps.Ruleset)}, nil
+	return &Proxy{
+		cfg: cfg, deps: deps, table: nft.NewTable(deps.Ruleset),
+		svcCache:  store.NewCache[*corev1.Service](),
+		epsCache:  store.NewCache[*discoveryv1.EndpointSlice](),
+		podsCache: store.NewCache[*corev1.Pod](),
+	}, nil
 }
 
 // Stats returns what the syncs did so far.
@@ -147,6 +159,8 @@ func (p *Proxy) Stats() Stats {
 
 // Sync reads the store once and applies the difference to the table.
 func (p *Proxy) Sync() error {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	start := p.deps.Clock.Now()
 	full := p.table.Full()
 	state, udp, nsvc, err := p.state()
@@ -257,18 +271,19 @@ func (p *Proxy) settle(ctx context.Context, changes <-chan struct{}) {
 	}
 }
 
-// state reads the store into the table's desired state.
+// state reads the store into the table's desired state. Objects that did
+// not change since the last sync come decoded from the caches.
 func (p *Proxy) state() (nft.State, map[string]udpPort, int, error) {
 	st := p.deps.Store
-	svcs, err := st.Services().List()
+	svcs, err := st.Services().ListCached(p.svcCache)
 	if err != nil {
 		return nft.State{}, nil, 0, fmt.Errorf("read services: %w", err)
 	}
-	eps, err := st.EndpointSlices().List()
+	eps, err := st.EndpointSlices().ListCached(p.epsCache)
 	if err != nil {
 		return nft.State{}, nil, 0, fmt.Errorf("read endpoint slices: %w", err)
 	}
-	pods, err := st.Pods().List()
+	pods, err := st.Pods().ListCached(p.podsCache)
 	if err != nil {
 		return nft.State{}, nil, 0, fmt.Errorf("read pods: %w", err)
 	}
