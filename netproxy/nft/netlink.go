@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -55,6 +54,11 @@ func (n *Netlink) conn() (*nftables.Conn, error) {
 // effect or none does. The batch begins by creating the table if it is
 // missing (and re-creates it after an OpDelTable that more ops follow).
 // An empty Tx sends nothing.
+//
+// google/nftables translates the ops, chunkOps at a time, into netlink
+// messages, which are copied into the batch as they come: the messages
+// of a whole cold sync (10,000 Services: 140,000 ops) never exist all at
+// once besides the batch itself.
 func (n *Netlink) Apply(tx *Tx) error {
 	if tx == nil || len(tx.Ops) == 0 {
 		return nil
@@ -62,30 +66,59 @@ func (n *Netlink) Apply(tx *Tx) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	b := &nlBatch{t: table()}
+	enc := batchEncoder{buf: make([]byte, 0, len(tx.Ops)*bytesPerOp)}
+	for i := 0; i < len(tx.Ops); {
+		msgs, err := capture(func(c *nftables.Conn) error {
+			b.c = c
+			if i == 0 {
+				c.AddTable(b.t)
+			}
+			for end := min(i+chunkOps, len(tx.Ops)); i < end; {
+				next, err := b.add(tx.Ops, i)
+				if err != nil {
+					return fmt.Errorf("op %d (%s): %w", i, describeOp(tx.Ops[i]), err)
+				}
+				i = next
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("apply tx: %w", err)
+		}
+		enc.add(msgs)
+	}
+	if err := n.send(&enc); err != nil {
+		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), netproxy.TableName, err)
+	}
+	return nil
+}
+
+// chunkOps is how many ops google/nftables translates at a time.
+const chunkOps = 4096
+
+// bytesPerOp is a batch's first guess at its size per op (a rule of a
+// Service chain is some 300 bytes, an element some 60).
+const bytesPerOp = 256
+
+// capture has google/nftables translate what build adds to its Conn and
+// returns the netlink messages, batch begin and end included, that
+// Flush would have sent.
+func capture(build func(c *nftables.Conn) error) ([]mnl.Message, error) {
 	var msgs []mnl.Message
 	c, err := nftables.New(nftables.WithTestDial(func(req []mnl.Message) ([]mnl.Message, error) {
 		msgs = req
 		return nil, errBatchMarshalled
 	}))
 	if err != nil {
-		return fmt.Errorf("apply tx: %w", err)
+		return nil, err
 	}
-	b.c = c
-	c.AddTable(b.t)
-	for i := 0; i < len(tx.Ops); {
-		next, err := b.add(tx.Ops, i)
-		if err != nil {
-			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(tx.Ops[i]), err)
-		}
-		i = next
+	if err := build(c); err != nil {
+		return nil, err
 	}
 	if err := c.Flush(); !errors.Is(err, errBatchMarshalled) {
-		return fmt.Errorf("apply tx: marshal %d ops: %w", len(tx.Ops), err)
+		return nil, fmt.Errorf("marshal: %w", err)
 	}
-	if err := n.send(msgs); err != nil {
-		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), netproxy.TableName, err)
-	}
-	return nil
+	return msgs, nil
 }
 
 // errBatchMarshalled ends google/nftables' Flush once it has marshalled
@@ -100,45 +133,64 @@ func (batchMarshalled) Error() string { return "batch marshalled" }
 
 func (batchMarshalled) Is(target error) bool { return target == os.ErrPermission }
 
-// batchSeq numbers the messages of the batches this process sends.
-var batchSeq atomic.Uint32
+// batchEncoder lays out one batch as the kernel reads it, in one buffer:
+// the batch begin message, the messages of every chunk, and (by finish)
+// the batch end. It numbers the messages from 1: each batch has a socket
+// of its own.
+type batchEncoder struct {
+	buf   []byte
+	n     int // messages so far
+	last  int // offset of the last message but the batch end
+	begun bool
+	end   mnl.Message
+}
 
-// sendBatch sends msgs in one sendmsg on c and returns the sequence
-// number of the last message but one (the last before the batch end).
-// mdlayher/netlink's SendMessages appends each message to a growing
-// buffer, which at a batch of 70 MB copied it several times over and
-// faulted in each copy's pages: a third of a cold sync.
-func sendBatch(c *mnl.Conn, msgs []mnl.Message) (uint32, error) {
-	size := 0
-	for _, m := range msgs {
-		size += nlmsgAlign(unix.NLMSG_HDRLEN + len(m.Data))
+// add appends a chunk's messages, dropping its batch begin and end but
+// for the first begin, and keeping the end for finish.
+func (e *batchEncoder) add(msgs []mnl.Message) {
+	if len(msgs) < 2 {
+		return
 	}
-	buf := make([]byte, size)
-	seq := batchSeq.Add(uint32(len(msgs))) - uint32(len(msgs))
-	off := 0
-	for i, m := range msgs {
-		n := unix.NLMSG_HDRLEN + len(m.Data)
-		h := buf[off:]
-		binary.NativeEndian.PutUint32(h[0:4], uint32(n))
-		binary.NativeEndian.PutUint16(h[4:6], uint16(m.Header.Type))
-		binary.NativeEndian.PutUint16(h[6:8], uint16(m.Header.Flags))
-		binary.NativeEndian.PutUint32(h[8:12], seq+uint32(i)+1)
-		binary.NativeEndian.PutUint32(h[12:16], 0) // the kernel's
-		copy(h[unix.NLMSG_HDRLEN:], m.Data)
-		off += nlmsgAlign(n)
+	if !e.begun {
+		e.append(msgs[0])
+		e.begun = true
 	}
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
+	for _, m := range msgs[1 : len(msgs)-1] {
+		e.last = len(e.buf)
+		e.append(m)
 	}
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		serr = unix.Sendmsg(int(fd), buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
-	})
-	if err == nil {
-		err = serr
+	e.end = msgs[len(msgs)-1]
+}
+
+// append lays out m, without the flags asking for an acknowledgement or
+// an echo (see send).
+func (e *batchEncoder) append(m mnl.Message) {
+	e.n++
+	n := unix.NLMSG_HDRLEN + len(m.Data)
+	e.buf = binary.NativeEndian.AppendUint32(e.buf, uint32(n))
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(m.Header.Type))
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(m.Header.Flags&^(mnl.Acknowledge|unix.NLM_F_ECHO)))
+	e.buf = binary.NativeEndian.AppendUint32(e.buf, uint32(e.n))
+	e.buf = binary.NativeEndian.AppendUint32(e.buf, 0) // the kernel's port id
+	e.buf = append(e.buf, m.Data...)
+	for range nlmsgAlign(n) - n {
+		e.buf = append(e.buf, 0)
 	}
-	return seq + uint32(len(msgs)) - 1, err
+}
+
+// finish appends the batch end, has the last message before it ask for
+// an acknowledgement, and returns that message's sequence number and the
+// number of messages in the batch. ok is false when the batch holds
+// nothing between begin and end.
+func (e *batchEncoder) finish() (seq uint32, msgs int, ok bool) {
+	if e.last == 0 {
+		return 0, e.n, false
+	}
+	flags := binary.NativeEndian.Uint16(e.buf[e.last+6:])
+	binary.NativeEndian.PutUint16(e.buf[e.last+6:], flags|uint16(mnl.Acknowledge))
+	seq = binary.NativeEndian.Uint32(e.buf[e.last+8:])
+	e.append(e.end)
+	return seq, e.n, true
 }
 
 // nlmsgAlign rounds n up to netlink's 4-byte alignment.
@@ -150,10 +202,9 @@ func nlmsgAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_
 // kernel that never answers.
 const commitTimeout = 30 * time.Second
 
-// send sends msgs, a batch as google/nftables marshals it (begin, the
-// messages, end), to the kernel as one sendmsg and returns the kernel's
-// verdict: nil when the batch was committed, else the errors of the
-// messages it refused (every one of them, as the kernel reports them).
+// send sends the batch in one sendmsg and returns the kernel's verdict:
+// nil when the batch was committed, else the errors of the messages it
+// refused (every one of them, as the kernel reports them).
 //
 // google/nftables asks for an acknowledgement of every message and an
 // echo of every rule, which at 10,000 Services is some 240,000 replies
@@ -161,27 +212,36 @@ const commitTimeout = 30 * time.Second
 // sync. The kernel reports a failed message whether asked or not, and
 // sends the acknowledgements it owes only once the whole batch has been
 // committed or aborted, so only the last message asks for one: when it
-// comes, every error came before it.
-func (n *Netlink) send(msgs []mnl.Message) error {
-	if len(msgs) <= 2 {
+// comes, every error came before it. (mdlayher/netlink's SendMessages
+// would also lay the batch out again by appending each message to a
+// growing buffer, which at 70 MB copied it several times over.)
+func (n *Netlink) send(e *batchEncoder) error {
+	last, msgs, ok := e.finish()
+	if !ok {
 		return nil // begin and end only
 	}
-	for i := range msgs {
-		msgs[i].Header.Flags &^= mnl.Acknowledge | unix.NLM_F_ECHO
-	}
-	msgs[len(msgs)-2].Header.Flags |= mnl.Acknowledge
 	c, err := mnl.Dial(unix.NETLINK_NETFILTER, &mnl.Config{NetNS: n.netns})
 	if err != nil {
 		return fmt.Errorf("open nftables netlink: %w", err)
 	}
 	defer c.Close()
-	if err := setBufferSize(c, bufferSize(len(msgs))); err != nil {
+	if err := setBufferSize(c, max(bufferSize(msgs), len(e.buf)+len(e.buf)/8)); err != nil {
 		return err
 	}
-	last, err := sendBatch(c, msgs)
+	raw, err := c.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("send batch of %d messages: %w", len(msgs), err)
+		return fmt.Errorf("netlink socket: %w", err)
 	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.Sendmsg(int(fd), e.buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+	}); err != nil {
+		return fmt.Errorf("netlink socket: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("send batch of %d messages (%d bytes): %w", msgs, len(e.buf), serr)
+	}
+	e.buf = nil // the kernel has it all
 	var errs error
 	deadline := time.Now().Add(commitTimeout)
 	for {
@@ -195,7 +255,7 @@ func (n *Netlink) send(msgs []mnl.Message) error {
 			if errs != nil {
 				return errs
 			}
-			return fmt.Errorf("no answer to a batch of %d messages in %s", len(msgs), commitTimeout)
+			return fmt.Errorf("no answer to a batch of %d messages in %s", msgs, commitTimeout)
 		case errors.Is(err, unix.ENOBUFS):
 			return errors.Join(errs, fmt.Errorf("read the kernel's answer: %w", err))
 		case err != nil:
