@@ -76,6 +76,7 @@ type fakeChain struct {
 
 type fakeMap struct {
 	key   KeyType
+	set   bool // a plain set: elements have no verdict
 	elems map[MapKey]Verdict
 }
 
@@ -361,12 +362,12 @@ func (x *fakeTx) apply(op Op) error {
 			return fmt.Errorf("a set has that name: %w", unix.EEXIST)
 		}
 		if m := t.maps[op.Map.Name]; m != nil {
-			if m.key != op.Map.Key {
+			if m.key != op.Map.Key || m.set != op.Map.Set {
 				return fmt.Errorf("map exists with key %s: %w", m.key, unix.EEXIST)
 			}
 			return nil
 		}
-		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, elems: map[MapKey]Verdict{}})
+		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, elems: map[MapKey]Verdict{}})
 	case OpDelMap:
 		m := t.maps[op.Map.Name]
 		if m == nil {
@@ -394,7 +395,11 @@ func (x *fakeTx) apply(op Op) error {
 		if err != nil {
 			return err
 		}
-		if err := t.checkVerdict(op.Verdict); err != nil {
+		if m.set {
+			if op.Verdict != (Verdict{}) {
+				return fmt.Errorf("element of set %s with verdict %s: %w", op.Map.Name, op.Verdict, unix.EINVAL)
+			}
+		} else if err := t.checkVerdict(op.Verdict); err != nil {
 			return err
 		}
 		if old, ok := m.elems[k]; ok {
@@ -639,6 +644,17 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 		if s.Mod == 0 {
 			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
 		}
+	case MatchSet:
+		m := t.maps[s.Set]
+		if m == nil {
+			return fmt.Errorf("set %q: no such set: %w", s.Set, unix.ENOENT)
+		}
+		if !m.set {
+			return fmt.Errorf("%q is a verdict map, not a set: %w", s.Set, unix.EINVAL)
+		}
+		if m.key != s.Key || !pairKey(s.Key) {
+			return fmt.Errorf("set %q has key %s, lookup loads %s: %w", s.Set, m.key, s.Key, unix.EINVAL)
+		}
 	case SetLookup:
 		return t.checkSet(s.Set, s.V6)
 	case SetUpdate:
@@ -686,6 +702,8 @@ func stmtTargets(s Stmt) (chains []string, vmap string) {
 		}
 	case MapLookup:
 		return nil, s.Map
+	case MatchSet:
+		return nil, s.Set
 	}
 	return nil, ""
 }
@@ -937,11 +955,19 @@ func (f *Fake) Dump() string {
 	}
 	for name, m := range t.maps {
 		var b strings.Builder
-		fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", name, m.key)
+		if m.set {
+			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", name, m.key)
+		} else {
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", name, m.key)
+		}
 		if len(m.elems) > 0 {
 			elems := make([]string, 0, len(m.elems))
 			for k, v := range m.elems {
-				elems = append(elems, k.String()+" : "+v.String())
+				if m.set {
+					elems = append(elems, k.String())
+				} else {
+					elems = append(elems, k.String()+" : "+v.String())
+				}
 			}
 			b.WriteString(formatElements(elems))
 		}

@@ -91,10 +91,12 @@ const (
 // pairKey reports whether k is an address pair.
 func pairKey(k KeyType) bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
 
-// Map is a named verdict map.
+// Map is a named verdict map or, with Set, a plain set of keys whose
+// elements carry no verdict and which MatchSet tests packets against.
 type Map struct {
 	Name string
 	Key  KeyType
+	Set  bool
 }
 
 // MapKey is a key of a verdict map; Addr is unset for KeyProtoPort. A
@@ -289,6 +291,18 @@ func (m MapLookup) String() string {
 type MatchRandom struct{ Mod uint32 }
 
 func (m MatchRandom) String() string { return fmt.Sprintf("numgen random mod %d 0", m.Mod) }
+
+// MatchSet is `ip saddr . ip daddr @set`: the packet's source and
+// destination are an element of a plain set (Map.Set) with a pair key.
+type MatchSet struct {
+	Set string
+	Key KeyType // KeyAddr4Pair or KeyAddr6Pair
+}
+
+func (m MatchSet) String() string {
+	f := ipFamily(m.Key == KeyAddr6Pair)
+	return f + " saddr . " + f + " daddr @" + m.Set
+}
 
 // SetLookup is `ip saddr @set` (session affinity: the client was sent to
 // this set's endpoint before and has not timed out).

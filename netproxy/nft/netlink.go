@@ -305,7 +305,8 @@ func (n *Netlink) List() (Contents, error) {
 	for _, s := range sets {
 		switch {
 		case s.Anonymous:
-		case s.IsMap:
+		case s.IsMap, !s.Dynamic:
+			// Verdict maps, and the plain sets whose elements Txs add.
 			out.Maps = append(out.Maps, s.Name)
 		default:
 			out.Sets = append(out.Sets, s.Name)
@@ -372,6 +373,9 @@ func (b *nlBatch) add(ops []Op, i int) (int, error) {
 			return 0, err
 		}
 		s := &nftables.Set{Table: b.t, Name: op.Map.Name, IsMap: true, Concatenation: true, KeyType: kt, DataType: nftables.TypeVerdict}
+		if op.Map.Set {
+			s = &nftables.Set{Table: b.t, Name: op.Map.Name, Concatenation: true, KeyType: kt}
+		}
 		if err := b.c.AddSet(s, nil); err != nil {
 			return 0, fmt.Errorf("add map: %w", err)
 		}
@@ -416,7 +420,7 @@ func elemBytes(op Op) int { return 64 + len(op.Verdict.Chain) }
 // op.
 func (b *nlBatch) elems(ops []Op, i int) (int, error) {
 	first := ops[i]
-	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: true}
+	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: !first.Map.Set}
 	var els []nftables.SetElement
 	j, size := i, 0
 	for ; j < len(ops) && ops[j].Kind == first.Kind && ops[j].Map == first.Map && (j == i || size+elemBytes(ops[j]) <= maxElemBytes); j++ {
@@ -426,7 +430,11 @@ func (b *nlBatch) elems(ops []Op, i int) (int, error) {
 			return 0, fmt.Errorf("op %d: %w", j, err)
 		}
 		el := nftables.SetElement{Key: key}
-		if first.Kind == OpAddElem {
+		if first.Map.Set {
+			if ops[j].Verdict != (Verdict{}) {
+				return 0, fmt.Errorf("op %d: element of set %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
+			}
+		} else if first.Kind == OpAddElem {
 			v, err := nlVerdict(ops[j].Verdict)
 			if err != nil {
 				return 0, fmt.Errorf("op %d: %w", j, err)
@@ -719,6 +727,17 @@ func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
 				&expr.Numgen{Register: nlReg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
 				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: make([]byte, 4)},
 			)
+		case MatchSet:
+			if !pairKey(s.Key) {
+				return nil, fmt.Errorf("statement %d (%s): set key %s is not an address pair", i, s, s.Key)
+			}
+			e, err := nlMapLookup(MapLookup{Map: s.Set, Key: s.Key}, needFamily)
+			if err != nil {
+				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
+			}
+			// The same loads, and a lookup that only matches.
+			e[len(e)-1] = &expr.Lookup{SourceRegister: nlReg1, SetName: s.Set}
+			exprs = append(exprs, e...)
 		case SetLookup:
 			needFamily(s.V6)
 			exprs = append(exprs,

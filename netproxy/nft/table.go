@@ -60,7 +60,7 @@ const (
 	chainNodePortEndpointsCheck = "nodeport-endpoints-check"
 )
 
-// Verdict maps.
+// Verdict maps, and the hairpin sets.
 const (
 	mapNameServiceIPs          = "service-ips"
 	mapNameServiceIPs6         = "service-ips6"
@@ -109,8 +109,8 @@ var tableMaps = [numMaps]Map{
 	mapNoEndpointServices:  {Name: mapNameNoEndpointServices, Key: KeyAddr4ProtoPort},
 	mapNoEndpointServices6: {Name: mapNameNoEndpointServices6, Key: KeyAddr6ProtoPort},
 	mapNoEndpointNodePorts: {Name: mapNameNoEndpointNodePorts, Key: KeyProtoPort},
-	mapHairpin:             {Name: mapNameHairpin, Key: KeyAddr4Pair},
-	mapHairpin6:            {Name: mapNameHairpin6, Key: KeyAddr6Pair},
+	mapHairpin:             {Name: mapNameHairpin, Key: KeyAddr4Pair, Set: true},
+	mapHairpin6:            {Name: mapNameHairpin6, Key: KeyAddr6Pair, Set: true},
 }
 
 var (
@@ -231,9 +231,10 @@ type objects struct {
 	hairpin []netip.Addr // endpoints, each an element `ip . ip` of hairpin-endpoints(6)
 }
 
-// hairpinElem is the element of hairpin-endpoints(6) for endpoint a.
+// hairpinElem is the element of the set hairpin-endpoints(6) for
+// endpoint a.
 func hairpinElem(a netip.Addr) (Map, MapKey, Verdict) {
-	return tableMaps[pick(a.Is6(), mapHairpin, mapHairpin6)], MapKey{Addr: a, Addr2: a}, Jump(chainMarkMasq)
+	return tableMaps[pick(a.Is6(), mapHairpin, mapHairpin6)], MapKey{Addr: a, Addr2: a}, Verdict{}
 }
 
 type chainDef struct {
@@ -773,9 +774,10 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 	// after DNAT) is masqueraded, or its answer would not come back
 	// through the DNAT: hairpin-endpoints(6) hold `ip . ip` of every
 	// endpoint.
+	matchSet := func(m mapID) MatchSet { return MatchSet{Set: tableMaps[m].Name, Key: tableMaps[m].Key} }
 	post := []Rule{
-		rule(MatchDNATed{}, lookup(mapHairpin)),
-		rule(MatchDNATed{}, lookup(mapHairpin6)),
+		rule(MatchDNATed{}, matchSet(mapHairpin), jump(chainMarkMasq)),
+		rule(MatchDNATed{}, matchSet(mapHairpin6), jump(chainMarkMasq)),
 		rule(jump(chainMasquerading)),
 	}
 	hp := make([]Rule, 0, len(hostPorts))

@@ -359,6 +359,17 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 				tr.forks = append(tr.forks, miss)
 				st.out.Share /= float64(s.Mod)
 			}
+		case MatchSet:
+			m := tr.t.maps[s.Set]
+			if m == nil {
+				return ruleResult{}, fmt.Errorf("set %s: no such set", s.Set)
+			}
+			if st.v6() != (s.Key == KeyAddr6Pair) {
+				return ruleResult{}, nil
+			}
+			if _, ok := m.elems[MapKey{Addr: st.src, Addr2: st.dst}]; !ok {
+				return ruleResult{}, nil
+			}
 		case SetLookup:
 			if s.V6 != st.v6() || !tr.affinity[s.Set][st.src] {
 				return ruleResult{}, nil
