@@ -17,6 +17,7 @@ import (
 	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/netproxy"
 )
 
@@ -243,7 +244,9 @@ func (n *Netlink) send(e *batchEncoder) error {
 	}
 	e.buf = nil // the kernel has it all
 	var errs error
-	deadline := time.Now().Add(commitTimeout)
+	// A socket's deadline is the kernel's, on the real clock.
+	wall := clock.Real{}
+	deadline := wall.Now().Add(commitTimeout)
 	for {
 		if err := c.SetReadDeadline(deadline); err != nil {
 			return fmt.Errorf("netlink read deadline: %w", err)
@@ -263,7 +266,7 @@ func (n *Netlink) send(e *batchEncoder) error {
 			// last message's acknowledgement, when the failure was not
 			// its own) were queued with it.
 			errs = errors.Join(errs, err)
-			deadline = time.Now().Add(100 * time.Millisecond)
+			deadline = wall.Now().Add(100 * time.Millisecond)
 			continue
 		}
 		for _, m := range replies {
