@@ -68,30 +68,107 @@ func (n *Netlink) Apply(tx *Tx) error {
 	defer n.mu.Unlock()
 	b := &nlBatch{t: table()}
 	enc := batchEncoder{buf: make([]byte, 0, len(tx.Ops)*bytesPerOp)}
+	// Ops go through google/nftables a chunk at a time, but rules (most
+	// of a big Tx) are laid out here, straight into the batch: Conn's
+	// AddRule copies each rule's bytes four times over.
+	var c *nftables.Conn
+	var msgs *[]mnl.Message
+	inConn := 0
+	flush := func() error {
+		if c == nil {
+			return nil
+		}
+		if err := c.Flush(); !errors.Is(err, errBatchMarshalled) {
+			return fmt.Errorf("marshal: %w", err)
+		}
+		enc.add(*msgs)
+		c, inConn = nil, 0
+		return nil
+	}
 	for i := 0; i < len(tx.Ops); {
-		msgs, err := capture(func(c *nftables.Conn) error {
+		op := tx.Ops[i]
+		if op.Kind == OpAddRule && !b.deleted && i > 0 {
+			if err := flush(); err != nil {
+				return fmt.Errorf("apply tx: %w", err)
+			}
+			if err := b.encodeRule(&enc, op); err != nil {
+				return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+			}
+			i++
+			continue
+		}
+		if c == nil {
+			var err error
+			if c, msgs, err = captureConn(); err != nil {
+				return fmt.Errorf("apply tx: %w", err)
+			}
 			b.c = c
 			if i == 0 {
 				c.AddTable(b.t)
 			}
-			for end := min(i+chunkOps, len(tx.Ops)); i < end; {
-				next, err := b.add(tx.Ops, i)
-				if err != nil {
-					return fmt.Errorf("op %d (%s): %w", i, describeOp(tx.Ops[i]), err)
-				}
-				i = next
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("apply tx: %w", err)
 		}
-		enc.add(msgs)
+		next, err := b.add(tx.Ops, i)
+		if err != nil {
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+		}
+		inConn += next - i
+		i = next
+		if inConn >= chunkOps {
+			if err := flush(); err != nil {
+				return fmt.Errorf("apply tx: %w", err)
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return fmt.Errorf("apply tx: %w", err)
 	}
 	if err := n.send(&enc); err != nil {
 		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), netproxy.TableName, err)
 	}
 	return nil
+}
+
+// encodeRule lays out OpAddRule op in the batch, as google/nftables'
+// AddRule would: the table, the chain, the expressions and the comment.
+func (b *nlBatch) encodeRule(e *batchEncoder, op Op) error {
+	exprs, err := b.rule(op.Rule)
+	if err != nil {
+		return err
+	}
+	start := e.begin(mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWRULE), mnl.Request|mnl.Create|unix.NLM_F_APPEND)
+	e.buf = append(e.buf, unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0)
+	e.attrString(unix.NFTA_RULE_TABLE, b.t.Name)
+	e.attrString(unix.NFTA_RULE_CHAIN, op.Chain.Name)
+	list := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_RULE_EXPRESSIONS)
+	for _, x := range exprs {
+		data, err := expr.Marshal(byte(b.t.Family), x)
+		if err != nil {
+			e.buf = e.buf[:start]
+			return fmt.Errorf("marshal %T: %w", x, err)
+		}
+		e.attr(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, data)
+	}
+	e.endNest(list)
+	if op.Rule.Comment != "" {
+		e.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, op.Rule.Comment))
+	}
+	e.finishMsg(start)
+	return nil
+}
+
+// captureConn returns a Conn whose Flush marshals what was added to it
+// into *msgs (batch begin and end included) and ends with
+// errBatchMarshalled instead of sending.
+func captureConn() (*nftables.Conn, *[]mnl.Message, error) {
+	msgs := new([]mnl.Message)
+	c, err := nftables.New(nftables.WithTestDial(func(req []mnl.Message) ([]mnl.Message, error) {
+		*msgs = req
+		return nil, errBatchMarshalled
+	}))
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, msgs, nil
 }
 
 // chunkOps is how many ops google/nftables translates at a time.
@@ -100,27 +177,6 @@ const chunkOps = 4096
 // bytesPerOp is a batch's first guess at its size per op (a rule of a
 // Service chain is some 300 bytes, an element some 60).
 const bytesPerOp = 256
-
-// capture has google/nftables translate what build adds to its Conn and
-// returns the netlink messages, batch begin and end included, that
-// Flush would have sent.
-func capture(build func(c *nftables.Conn) error) ([]mnl.Message, error) {
-	var msgs []mnl.Message
-	c, err := nftables.New(nftables.WithTestDial(func(req []mnl.Message) ([]mnl.Message, error) {
-		msgs = req
-		return nil, errBatchMarshalled
-	}))
-	if err != nil {
-		return nil, err
-	}
-	if err := build(c); err != nil {
-		return nil, err
-	}
-	if err := c.Flush(); !errors.Is(err, errBatchMarshalled) {
-		return nil, fmt.Errorf("marshal: %w", err)
-	}
-	return msgs, nil
-}
 
 // errBatchMarshalled ends google/nftables' Flush once it has marshalled
 // a batch into netlink messages: Apply sends them itself (see send). It
@@ -175,6 +231,62 @@ func (e *batchEncoder) append(m mnl.Message) {
 	e.buf = binary.NativeEndian.AppendUint32(e.buf, 0) // the kernel's port id
 	e.buf = append(e.buf, m.Data...)
 	for range nlmsgAlign(n) - n {
+		e.buf = append(e.buf, 0)
+	}
+}
+
+// begin starts a message of type typ laid out in place, for finishMsg to
+// complete; it returns the message's offset.
+func (e *batchEncoder) begin(typ mnl.HeaderType, flags mnl.HeaderFlags) int {
+	start := len(e.buf)
+	e.n++
+	e.last = start
+	e.buf = binary.NativeEndian.AppendUint32(e.buf, 0) // length, by finishMsg
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(typ))
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(flags))
+	e.buf = binary.NativeEndian.AppendUint32(e.buf, uint32(e.n))
+	e.buf = binary.NativeEndian.AppendUint32(e.buf, 0)
+	return start
+}
+
+// finishMsg sets the length of the message begun at start.
+func (e *batchEncoder) finishMsg(start int) {
+	binary.NativeEndian.PutUint32(e.buf[start:], uint32(len(e.buf)-start))
+}
+
+// attr appends a netlink attribute, padded.
+func (e *batchEncoder) attr(typ uint16, data []byte) {
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(unix.NLA_HDRLEN+len(data)))
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, typ)
+	e.buf = append(e.buf, data...)
+	e.pad()
+}
+
+// attrString appends a NUL-terminated string attribute.
+func (e *batchEncoder) attrString(typ uint16, s string) {
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(unix.NLA_HDRLEN+len(s)+1))
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, typ)
+	e.buf = append(e.buf, s...)
+	e.buf = append(e.buf, 0)
+	e.pad()
+}
+
+// beginNest starts a nested attribute and returns its offset for
+// endNest.
+func (e *batchEncoder) beginNest(typ uint16) int {
+	at := len(e.buf)
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, 0)
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, typ)
+	return at
+}
+
+// endNest sets the length of the nested attribute begun at at.
+func (e *batchEncoder) endNest(at int) {
+	binary.NativeEndian.PutUint16(e.buf[at:], uint16(len(e.buf)-at))
+}
+
+func (e *batchEncoder) pad() {
+	for len(e.buf)%unix.NLA_ALIGNTO != 0 {
 		e.buf = append(e.buf, 0)
 	}
 }
