@@ -68,9 +68,10 @@ func (n *Netlink) Apply(tx *Tx) error {
 	defer n.mu.Unlock()
 	b := &nlBatch{t: table()}
 	enc := batchEncoder{buf: make([]byte, 0, len(tx.Ops)*bytesPerOp)}
-	// Ops go through google/nftables a chunk at a time, but rules (most
-	// of a big Tx) are laid out here, straight into the batch: Conn's
-	// AddRule copies each rule's bytes four times over.
+	// Ops go through google/nftables a chunk at a time, but rules and
+	// new elements (most of a big Tx) are laid out here, straight into
+	// the batch: Conn's AddRule and SetAddElements copy each one's bytes
+	// several times over.
 	var c *nftables.Conn
 	var msgs *[]mnl.Message
 	inConn := 0
@@ -87,9 +88,18 @@ func (n *Netlink) Apply(tx *Tx) error {
 	}
 	for i := 0; i < len(tx.Ops); {
 		op := tx.Ops[i]
-		if op.Kind == OpAddRule && !b.deleted && i > 0 {
+		if (op.Kind == OpAddRule || op.Kind == OpAddElem) && !b.deleted && i > 0 {
 			if err := flush(); err != nil {
 				return fmt.Errorf("apply tx: %w", err)
+			}
+			if op.Kind == OpAddElem {
+				els, next, err := elemRun(tx.Ops, i)
+				if err != nil {
+					return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+				}
+				enc.addElems(b.t.Name, op.Map.Name, els)
+				i = next
+				continue
 			}
 			if err := b.encodeRule(&enc, op); err != nil {
 				return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
@@ -141,12 +151,9 @@ func (b *nlBatch) encodeRule(e *batchEncoder, op Op) error {
 	e.attrString(unix.NFTA_RULE_CHAIN, op.Chain.Name)
 	list := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_RULE_EXPRESSIONS)
 	for _, x := range exprs {
-		data, err := expr.Marshal(byte(b.t.Family), x)
-		if err != nil {
-			e.buf = e.buf[:start]
+		if err := e.expr(byte(b.t.Family), x); err != nil {
 			return fmt.Errorf("marshal %T: %w", x, err)
 		}
-		e.attr(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, data)
 	}
 	e.endNest(list)
 	if op.Rule.Comment != "" {
@@ -289,6 +296,123 @@ func (e *batchEncoder) pad() {
 	for len(e.buf)%unix.NLA_ALIGNTO != 0 {
 		e.buf = append(e.buf, 0)
 	}
+}
+
+// expr appends x as an element of a rule's expression list, in the
+// bytes expr.Marshal gives (TestEncoderExprMatchesMarshal), written in
+// place for the kinds a Service's rules are made of and by expr.Marshal
+// for the others.
+func (e *batchEncoder) expr(fam byte, x expr.Any) error {
+	elem := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM)
+	data := func(name string) int {
+		e.attrString(unix.NFTA_EXPR_NAME, name)
+		return e.beginNest(unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA)
+	}
+	switch x := x.(type) {
+	case *expr.Meta:
+		d := data("meta")
+		e.attrU32(unix.NFTA_META_KEY, uint32(x.Key))
+		if x.SourceRegister {
+			e.attrU32(unix.NFTA_META_SREG, x.Register)
+		} else {
+			e.attrU32(unix.NFTA_META_DREG, x.Register)
+		}
+		e.endNest(d)
+	case *expr.Cmp:
+		d := data("cmp")
+		e.attrU32(unix.NFTA_CMP_SREG, x.Register)
+		e.attrU32(unix.NFTA_CMP_OP, uint32(x.Op))
+		v := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_CMP_DATA)
+		e.attr(unix.NFTA_DATA_VALUE, x.Data)
+		e.endNest(v)
+		e.endNest(d)
+	case *expr.Payload:
+		if x.OperationType == expr.PayloadWrite || x.CsumType > 0 {
+			return e.exprMarshal(fam, x, elem)
+		}
+		d := data("payload")
+		e.attrU32(unix.NFTA_PAYLOAD_DREG, x.DestRegister)
+		e.attrU32(unix.NFTA_PAYLOAD_BASE, uint32(x.Base))
+		e.attrU32(unix.NFTA_PAYLOAD_OFFSET, x.Offset)
+		e.attrU32(unix.NFTA_PAYLOAD_LEN, x.Len)
+		e.endNest(d)
+	case *expr.Numgen:
+		if x.Type != unix.NFT_NG_RANDOM && x.Type != unix.NFT_NG_INCREMENTAL {
+			return e.exprMarshal(fam, x, elem)
+		}
+		d := data("numgen")
+		e.attrU32(unix.NFTA_NG_DREG, x.Register)
+		e.attrU32(unix.NFTA_NG_MODULUS, x.Modulus)
+		e.attrU32(unix.NFTA_NG_TYPE, x.Type)
+		e.attrU32(unix.NFTA_NG_OFFSET, x.Offset)
+		e.endNest(d)
+	case *expr.Immediate:
+		d := data("immediate")
+		e.attrU32(unix.NFTA_IMMEDIATE_DREG, x.Register)
+		v := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_IMMEDIATE_DATA)
+		e.attr(unix.NFTA_DATA_VALUE, x.Data)
+		e.endNest(v)
+		e.endNest(d)
+	case *expr.Verdict:
+		d := data("immediate")
+		e.attrU32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+		v := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_IMMEDIATE_DATA)
+		vv := e.beginNest(unix.NLA_F_NESTED | unix.NFTA_DATA_VERDICT)
+		e.attrU32(unix.NFTA_VERDICT_CODE, uint32(x.Kind))
+		if x.Chain != "" {
+			e.attrString(unix.NFTA_VERDICT_CHAIN, x.Chain)
+		}
+		e.endNest(vv)
+		e.endNest(v)
+		e.endNest(d)
+	case *expr.NAT:
+		if x.Random || x.Persistent || x.Prefix || x.RegAddrMax != 0 || x.RegProtoMax != 0 {
+			return e.exprMarshal(fam, x, elem)
+		}
+		d := data("nat")
+		e.attrU32(unix.NFTA_NAT_TYPE, uint32(x.Type))
+		e.attrU32(unix.NFTA_NAT_FAMILY, x.Family)
+		if x.RegAddrMin != 0 {
+			e.attrU32(unix.NFTA_NAT_REG_ADDR_MIN, x.RegAddrMin)
+		}
+		if x.RegProtoMin != 0 {
+			e.attrU32(unix.NFTA_NAT_REG_PROTO_MIN, x.RegProtoMin)
+		}
+		var flags uint32
+		if x.FullyRandom {
+			flags |= expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY
+		}
+		if x.Specified {
+			flags |= expr.NF_NAT_RANGE_PROTO_SPECIFIED
+		}
+		if flags != 0 {
+			e.attrU32(unix.NFTA_NAT_FLAGS, flags)
+		}
+		e.endNest(d)
+	default:
+		return e.exprMarshal(fam, x, elem)
+	}
+	e.endNest(elem)
+	return nil
+}
+
+// exprMarshal completes the list element begun at elem with
+// expr.Marshal's bytes for x.
+func (e *batchEncoder) exprMarshal(fam byte, x expr.Any, elem int) error {
+	b, err := expr.Marshal(fam, x)
+	if err != nil {
+		return err
+	}
+	e.buf = append(e.buf, b...)
+	e.endNest(elem)
+	return nil
+}
+
+// attrU32 appends a big-endian 32-bit attribute.
+func (e *batchEncoder) attrU32(typ uint16, v uint32) {
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, unix.NLA_HDRLEN+4)
+	e.buf = binary.NativeEndian.AppendUint16(e.buf, typ)
+	e.buf = binary.BigEndian.AppendUint32(e.buf, v)
 }
 
 // finish appends the batch end, has the last message before it ask for
@@ -535,30 +659,11 @@ func elemBytes(op Op) int { return 64 + len(op.Verdict.Chain) }
 // op.
 func (b *nlBatch) elems(ops []Op, i int) (int, error) {
 	first := ops[i]
-	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: !first.Map.Set}
-	var els []nftables.SetElement
-	j, size := i, 0
-	for ; j < len(ops) && ops[j].Kind == first.Kind && ops[j].Map == first.Map && (j == i || size+elemBytes(ops[j]) <= maxElemBytes); j++ {
-		size += elemBytes(ops[j])
-		key, err := nlElemKey(first.Map.Key, ops[j].Key)
-		if err != nil {
-			return 0, fmt.Errorf("op %d: %w", j, err)
-		}
-		el := nftables.SetElement{Key: key}
-		if first.Map.Set {
-			if ops[j].Verdict != (Verdict{}) {
-				return 0, fmt.Errorf("op %d: element of set %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
-			}
-		} else if first.Kind == OpAddElem {
-			v, err := nlVerdict(ops[j].Verdict)
-			if err != nil {
-				return 0, fmt.Errorf("op %d: %w", j, err)
-			}
-			el.VerdictData = v
-		}
-		els = append(els, el)
+	els, j, err := elemRun(ops, i)
+	if err != nil {
+		return 0, err
 	}
-	var err error
+	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: !first.Map.Set}
 	if first.Kind == OpAddElem {
 		err = b.c.SetAddElements(s, els)
 	} else {
@@ -568,6 +673,67 @@ func (b *nlBatch) elems(ops []Op, i int) (int, error) {
 		return 0, fmt.Errorf("elements of map %s: %w", first.Map.Name, err)
 	}
 	return j, nil
+}
+
+// elemRun translates ops[i] and the ops after it of the same kind on the
+// same map, up to maxElemBytes, and returns the elements and the index of
+// the next op.
+func elemRun(ops []Op, i int) ([]nftables.SetElement, int, error) {
+	first := ops[i]
+	var els []nftables.SetElement
+	j, size := i, 0
+	for ; j < len(ops) && ops[j].Kind == first.Kind && ops[j].Map == first.Map && (j == i || size+elemBytes(ops[j]) <= maxElemBytes); j++ {
+		size += elemBytes(ops[j])
+		key, err := nlElemKey(first.Map.Key, ops[j].Key)
+		if err != nil {
+			return nil, 0, fmt.Errorf("op %d: %w", j, err)
+		}
+		el := nftables.SetElement{Key: key}
+		if first.Map.Set {
+			if ops[j].Verdict != (Verdict{}) {
+				return nil, 0, fmt.Errorf("op %d: element of set %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
+			}
+		} else if first.Kind == OpAddElem {
+			v, err := nlVerdict(ops[j].Verdict)
+			if err != nil {
+				return nil, 0, fmt.Errorf("op %d: %w", j, err)
+			}
+			el.VerdictData = v
+		}
+		els = append(els, el)
+	}
+	return els, j, nil
+}
+
+// addElems lays out in the batch the message that google/nftables'
+// SetAddElements makes of els for the set or map named set
+// (TestEncoderElemsMatchSetAddElements).
+func (e *batchEncoder) addElems(table, set string, els []nftables.SetElement) {
+	start := e.begin(mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWSETELEM), mnl.Request|mnl.Create)
+	e.buf = append(e.buf, unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0)
+	e.attrString(unix.NFTA_SET_NAME, set)
+	e.attrU32(unix.NFTA_LOOKUP_SET_ID, 0)
+	e.attrString(unix.NFTA_SET_TABLE, table)
+	list := e.beginNest(unix.NFTA_SET_ELEM_LIST_ELEMENTS | unix.NLA_F_NESTED)
+	for i, v := range els {
+		item := e.beginNest(uint16(i+1) | unix.NLA_F_NESTED)
+		k := e.beginNest(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
+		e.attr(unix.NFTA_DATA_VALUE, v.Key)
+		e.endNest(k)
+		if v.VerdictData != nil {
+			d := e.beginNest(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
+			dd := e.beginNest(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
+			e.attrU32(unix.NFTA_DATA_VALUE, uint32(v.VerdictData.Kind))
+			if v.VerdictData.Chain != "" {
+				e.attrString(unix.NFTA_SET_ELEM_DATA, v.VerdictData.Chain)
+			}
+			e.endNest(dd)
+			e.endNest(d)
+		}
+		e.endNest(item)
+	}
+	e.endNest(list)
+	e.finishMsg(start)
 }
 
 func (b *nlBatch) chain(c Chain) (*nftables.Chain, error) {

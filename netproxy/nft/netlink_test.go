@@ -1,6 +1,8 @@
 package nft
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -545,5 +549,91 @@ func TestE2ENetlinkLongElementRun(t *testing.T) {
 	}
 	if err := nl.Apply(tx); err != nil {
 		t.Fatalf("delete %d elements in one run: %v", n, err)
+	}
+}
+
+// TestEncoderExprMatchesMarshal: the expressions the batch encoder lays
+// out itself come out as google/nftables' expr.Marshal lays them out,
+// wrapped in a list element as its AddRule does.
+func TestEncoderExprMatchesMarshal(t *testing.T) {
+	fam := byte(nftables.TableFamilyINet)
+	for _, x := range []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{2}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{10, 42, 0, 0}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 1, Len: 1, CsumType: 1, CsumOffset: 10},
+		&expr.Numgen{Register: 1, Modulus: 5, Type: unix.NFT_NG_RANDOM},
+		&expr.Immediate{Register: 1, Data: []byte{10, 42, 0, 5}},
+		&expr.Immediate{Register: 2, Data: []byte{0x1f, 0x90}},
+		&expr.Verdict{Kind: expr.VerdictGoto, Chain: "service-ABCDEFGH-ns/svc/tcp/80"},
+		&expr.Verdict{Kind: expr.VerdictJump, Chain: "mark-for-masquerade"},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+		&expr.Verdict{Kind: expr.VerdictReturn},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV6, RegAddrMin: 1},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 2, Random: true},
+		&expr.Masq{FullyRandom: true},
+		&expr.Lookup{SourceRegister: 1, SetName: "service-ips", IsDestRegSet: true},
+	} {
+		data, err := expr.Marshal(fam, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := mnl.MarshalAttributes([]mnl.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: data}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e batchEncoder
+		if err := e.expr(fam, x); err != nil {
+			t.Fatalf("%T %+v: %v", x, x, err)
+		}
+		if !bytes.Equal(e.buf, want) {
+			t.Errorf("%T %+v:\n got %x\nwant %x", x, x, e.buf, want)
+		}
+	}
+}
+
+// TestEncoderElemsMatchSetAddElements: the element message the batch
+// encoder lays out is the one google/nftables' SetAddElements makes, but
+// for the acknowledgement it does not ask for.
+func TestEncoderElemsMatchSetAddElements(t *testing.T) {
+	for _, tc := range []struct {
+		m   Map
+		ops []Op
+	}{
+		{mpSvc4, []Op{
+			{Kind: OpAddElem, Map: mpSvc4, Key: MapKey{Addr: netip.MustParseAddr("10.96.0.10"), Protocol: "TCP", Port: 80}, Verdict: Goto("service-ABCDEFGH-ns/svc/tcp/80")},
+			{Kind: OpAddElem, Map: mpSvc4, Key: MapKey{Addr: netip.MustParseAddr("10.96.0.11"), Protocol: "UDP", Port: 53}, Verdict: Verdict{Kind: VerdictDrop}},
+		}},
+		{tableMaps[mapHairpin6], []Op{
+			{Kind: OpAddElem, Map: tableMaps[mapHairpin6], Key: MapKey{Addr: netip.MustParseAddr("fd00:42::5"), Addr2: netip.MustParseAddr("fd00:42::5")}},
+		}},
+	} {
+		els, next, err := elemRun(tc.ops, 0)
+		if err != nil || next != len(tc.ops) {
+			t.Fatalf("elemRun = %d, %v", next, err)
+		}
+		c, msgs, err := captureConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetAddElements(&nftables.Set{Table: table(), Name: tc.m.Name, IsMap: !tc.m.Set}, els); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Flush(); !errors.Is(err, errBatchMarshalled) {
+			t.Fatal(err)
+		}
+		want := (*msgs)[1]
+		var e batchEncoder
+		e.addElems(table().Name, tc.m.Name, els)
+		if got := e.buf[unix.NLMSG_HDRLEN:]; !bytes.Equal(got, want.Data) {
+			t.Errorf("%s:\n got %x\nwant %x", tc.m.Name, got, want.Data)
+		}
+		if typ, flags := binary.NativeEndian.Uint16(e.buf[4:]), binary.NativeEndian.Uint16(e.buf[6:]); typ != uint16(want.Header.Type) || flags != uint16(want.Header.Flags&^mnl.Acknowledge) {
+			t.Errorf("%s: type %#x flags %#x, want %#x %#x", tc.m.Name, typ, flags, want.Header.Type, want.Header.Flags&^mnl.Acknowledge)
+		}
 	}
 }
