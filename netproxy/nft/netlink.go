@@ -56,10 +56,11 @@ func (n *Netlink) conn() (*nftables.Conn, error) {
 // missing (and re-creates it after an OpDelTable that more ops follow).
 // An empty Tx sends nothing.
 //
-// google/nftables translates the ops, chunkOps at a time, into netlink
-// messages, which are copied into the batch as they come: the messages
-// of a whole cold sync (10,000 Services: 140,000 ops) never exist all at
-// once besides the batch itself.
+// Rules and new elements, most of a big Tx, are laid out straight into
+// the batch (encodeRule, addElems); google/nftables translates the other
+// ops, chunkOps at a time, and its messages are copied into the batch as
+// they come. So the messages of a whole cold sync (10,000 Services:
+// 140,000 ops) never exist beside the batch.
 func (n *Netlink) Apply(tx *Tx) error {
 	if tx == nil || len(tx.Ops) == 0 {
 		return nil
