@@ -56,9 +56,9 @@ func (n *Netlink) conn() (*nftables.Conn, error) {
 // missing (and re-creates it after an OpDelTable that more ops follow).
 // An empty Tx sends nothing.
 //
-// Rules and new elements, most of a big Tx, are laid out straight into
-// the batch (encodeRule, addElems); google/nftables translates the other
-// ops, chunkOps at a time, and its messages are copied into the batch as
+// Rules and elements, most of a big Tx, are laid out straight into the
+// batch (encodeRule, batchEncoder.elems); google/nftables translates the
+// other ops, chunkOps at a time, and its messages are copied into the batch as
 // they come. So the messages of a whole cold sync (10,000 Services:
 // 140,000 ops) never exist beside the batch.
 func (n *Netlink) Apply(tx *Tx) error {
@@ -69,13 +69,23 @@ func (n *Netlink) Apply(tx *Tx) error {
 	defer n.mu.Unlock()
 	b := &nlBatch{t: table()}
 	enc := batchEncoder{buf: make([]byte, 0, len(tx.Ops)*bytesPerOp)}
-	// Ops go through google/nftables a chunk at a time, but rules and
-	// new elements (most of a big Tx) are laid out here, straight into
-	// the batch: Conn's AddRule and SetAddElements copy each one's bytes
-	// several times over.
+	// Rules and elements (most of a big Tx) are laid out here, straight
+	// into the batch: Conn's AddRule and SetAddElements copy each one's
+	// bytes several times over. The other ops go through google/nftables,
+	// a chunk at a time.
 	var c *nftables.Conn
 	var msgs *[]mnl.Message
 	inConn := 0
+	conn := func() error {
+		if c == nil {
+			var err error
+			if c, msgs, err = captureConn(); err != nil {
+				return err
+			}
+			b.c = c
+		}
+		return nil
+	}
 	flush := func() error {
 		if c == nil {
 			return nil
@@ -87,44 +97,53 @@ func (n *Netlink) Apply(tx *Tx) error {
 		c, inConn = nil, 0
 		return nil
 	}
+	// The table first (so that deleting a missing one succeeds), and
+	// again after an OpDelTable that more ops follow.
+	if err := conn(); err != nil {
+		return fmt.Errorf("apply tx: %w", err)
+	}
+	c.AddTable(b.t)
+	wantTable := false
 	for i := 0; i < len(tx.Ops); {
 		op := tx.Ops[i]
-		if (op.Kind == OpAddRule || op.Kind == OpAddElem) && !b.deleted && i > 0 {
+		if wantTable && op.Kind != OpDelTable {
+			if err := conn(); err != nil {
+				return fmt.Errorf("apply tx: %w", err)
+			}
+			c.AddTable(b.t)
+			wantTable = false
+		}
+		switch op.Kind {
+		case OpAddRule, OpAddElem, OpDelElem:
 			if err := flush(); err != nil {
 				return fmt.Errorf("apply tx: %w", err)
 			}
-			if op.Kind == OpAddElem {
-				els, next, err := elemRun(tx.Ops, i)
-				if err != nil {
-					return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+			next := i + 1
+			var err error
+			if op.Kind == OpAddRule {
+				err = b.encodeRule(&enc, op)
+			} else {
+				var els []nftables.SetElement
+				if els, next, err = elemRun(tx.Ops, i); err == nil {
+					enc.elems(op.Kind, b.t.Name, op.Map.Name, els)
 				}
-				enc.addElems(b.t.Name, op.Map.Name, els)
-				i = next
-				continue
 			}
-			if err := b.encodeRule(&enc, op); err != nil {
+			if err != nil {
 				return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
 			}
-			i++
+			i = next
 			continue
+		case OpDelTable:
+			wantTable = true
 		}
-		if c == nil {
-			var err error
-			if c, msgs, err = captureConn(); err != nil {
-				return fmt.Errorf("apply tx: %w", err)
-			}
-			b.c = c
-			if i == 0 {
-				c.AddTable(b.t)
-			}
+		if err := conn(); err != nil {
+			return fmt.Errorf("apply tx: %w", err)
 		}
-		next, err := b.add(tx.Ops, i)
-		if err != nil {
+		if err := b.add(op); err != nil {
 			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
 		}
-		inConn += next - i
-		i = next
-		if inConn >= chunkOps {
+		i++
+		if inConn++; inConn >= chunkOps {
 			if err := flush(); err != nil {
 				return fmt.Errorf("apply tx: %w", err)
 			}
@@ -558,95 +577,72 @@ func (n *Netlink) List() (Contents, error) {
 	return out, nil
 }
 
-// nlBatch translates ops into the messages of one batch on c.
+// nlBatch translates ops into the messages of one batch: rules by
+// encodeRule, the ops that are neither rules nor elements by add, on c.
 type nlBatch struct {
-	c       *nftables.Conn
-	t       *nftables.Table
-	deleted bool // the table was deleted by an earlier op
+	c *nftables.Conn
+	t *nftables.Table
 }
 
-// add adds ops[i] (and, for elements, the ops after it that change the
-// same map the same way, which go in one message) and returns the index
-// of the next op.
-func (b *nlBatch) add(ops []Op, i int) (int, error) {
-	op := ops[i]
-	if op.Kind == OpDelTable {
-		b.c.DelTable(b.t)
-		b.deleted = true
-		return i + 1, nil
-	}
-	if b.deleted {
-		b.c.AddTable(b.t)
-		b.deleted = false
-	}
+// add adds op, which is neither a rule nor an element, to c.
+func (b *nlBatch) add(op Op) error {
 	switch op.Kind {
+	case OpDelTable:
+		b.c.DelTable(b.t)
 	case OpAddChain:
 		if err := checkName("chain", op.Chain.Name); err != nil {
-			return 0, err
+			return err
 		}
 		ch, err := b.chain(op.Chain)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		b.c.AddChain(ch)
 	case OpFlushChain:
 		b.c.FlushChain(&nftables.Chain{Name: op.Chain.Name, Table: b.t})
 	case OpDelChain:
 		b.c.DelChain(&nftables.Chain{Name: op.Chain.Name, Table: b.t})
-	case OpAddRule:
-		r := &nftables.Rule{Table: b.t, Chain: &nftables.Chain{Name: op.Chain.Name, Table: b.t}}
-		exprs, err := b.rule(op.Rule)
-		if err != nil {
-			return 0, err
-		}
-		r.Exprs = exprs
-		if op.Rule.Comment != "" {
-			r.UserData = userdata.AppendString(nil, userdata.TypeComment, op.Rule.Comment)
-		}
-		b.c.AddRule(r)
 	case OpAddMap:
 		if err := checkName("map", op.Map.Name); err != nil {
-			return 0, err
+			return err
 		}
 		kt, err := nlKeyType(op.Map.Key)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		s := &nftables.Set{Table: b.t, Name: op.Map.Name, IsMap: true, Concatenation: true, KeyType: kt, DataType: nftables.TypeVerdict}
 		if op.Map.Set {
 			s = &nftables.Set{Table: b.t, Name: op.Map.Name, Concatenation: true, KeyType: kt}
 		}
 		if err := b.c.AddSet(s, nil); err != nil {
-			return 0, fmt.Errorf("add map: %w", err)
+			return fmt.Errorf("add map: %w", err)
 		}
 	case OpDelMap:
 		b.c.DelSet(&nftables.Set{Table: b.t, Name: op.Map.Name})
-	case OpAddElem, OpDelElem:
-		return b.elems(ops, i)
 	case OpAddSet:
 		if err := checkName("set", op.Set.Name); err != nil {
-			return 0, err
+			return err
 		}
 		if op.Set.Timeout < 0 {
-			return 0, fmt.Errorf("timeout %s is negative", op.Set.Timeout)
+			return fmt.Errorf("timeout %s is negative", op.Set.Timeout)
 		}
 		s := &nftables.Set{Table: b.t, Name: op.Set.Name, KeyType: nftables.TypeIPAddr, Dynamic: true, HasTimeout: true, Timeout: op.Set.Timeout, Size: affinitySetSize}
 		if op.Set.V6 {
 			s.KeyType = nftables.TypeIP6Addr
 		}
 		if err := b.c.AddSet(s, nil); err != nil {
-			return 0, fmt.Errorf("add set: %w", err)
+			return fmt.Errorf("add set: %w", err)
 		}
 	case OpDelSet:
 		b.c.DelSet(&nftables.Set{Table: b.t, Name: op.Set.Name})
 	default:
-		return 0, fmt.Errorf("unknown op kind %d", int(op.Kind))
+		return fmt.Errorf("unknown op kind %d", int(op.Kind))
 	}
-	return i + 1, nil
+	return nil
 }
 
-// maxElemBytes bounds the element list of one message: google/nftables
-// writes its length as a 16-bit netlink attribute length, so a list past
+// maxElemBytes bounds the element list of one message: its length is a
+// 16-bit netlink attribute length, so a list past
 // 64 KiB (about 800 elements with long chain names) overflows and the
 // kernel refuses the whole batch.
 const maxElemBytes = 48 << 10
@@ -654,27 +650,6 @@ const maxElemBytes = 48 << 10
 // elemBytes estimates what one element adds to a message: key, verdict
 // and attribute headers, and the chain name of a jump or goto.
 func elemBytes(op Op) int { return 64 + len(op.Verdict.Chain) }
-
-// elems adds ops[i] and the ops after it of the same kind on the same map
-// as one message, up to maxElemBytes, and returns the index of the next
-// op.
-func (b *nlBatch) elems(ops []Op, i int) (int, error) {
-	first := ops[i]
-	els, j, err := elemRun(ops, i)
-	if err != nil {
-		return 0, err
-	}
-	s := &nftables.Set{Table: b.t, Name: first.Map.Name, IsMap: !first.Map.Set}
-	if first.Kind == OpAddElem {
-		err = b.c.SetAddElements(s, els)
-	} else {
-		err = b.c.SetDeleteElements(s, els)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("elements of map %s: %w", first.Map.Name, err)
-	}
-	return j, nil
-}
 
 // elemRun translates ops[i] and the ops after it of the same kind on the
 // same map, up to maxElemBytes, and returns the elements and the index of
@@ -706,11 +681,15 @@ func elemRun(ops []Op, i int) ([]nftables.SetElement, int, error) {
 	return els, j, nil
 }
 
-// addElems lays out in the batch the message that google/nftables'
-// SetAddElements makes of els for the set or map named set
-// (TestEncoderElemsMatchSetAddElements).
-func (e *batchEncoder) addElems(table, set string, els []nftables.SetElement) {
-	start := e.begin(mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWSETELEM), mnl.Request|mnl.Create)
+// elems lays out in the batch the message that google/nftables'
+// SetAddElements (kind OpAddElem) or SetDeleteElements (OpDelElem) makes
+// of els for the set or map named set (TestEncoderElemsMatchGoogle).
+func (e *batchEncoder) elems(kind OpKind, table, set string, els []nftables.SetElement) {
+	typ := unix.NFT_MSG_NEWSETELEM
+	if kind == OpDelElem {
+		typ = unix.NFT_MSG_DELSETELEM
+	}
+	start := e.begin(mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|typ), mnl.Request|mnl.Create)
 	e.buf = append(e.buf, unix.NFPROTO_INET, unix.NFNETLINK_V0, 0, 0)
 	e.attrString(unix.NFTA_SET_NAME, set)
 	e.attrU32(unix.NFTA_LOOKUP_SET_ID, 0)

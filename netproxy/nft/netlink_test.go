@@ -596,10 +596,10 @@ func TestEncoderExprMatchesMarshal(t *testing.T) {
 	}
 }
 
-// TestEncoderElemsMatchSetAddElements: the element message the batch
-// encoder lays out is the one google/nftables' SetAddElements makes, but
-// for the acknowledgement it does not ask for.
-func TestEncoderElemsMatchSetAddElements(t *testing.T) {
+// TestEncoderElemsMatchGoogle: the element messages the batch encoder
+// lays out are the ones google/nftables' SetAddElements and
+// SetDeleteElements make, but for the acknowledgement they do not ask for.
+func TestEncoderElemsMatchGoogle(t *testing.T) {
 	for _, tc := range []struct {
 		m   Map
 		ops []Op
@@ -608,10 +608,17 @@ func TestEncoderElemsMatchSetAddElements(t *testing.T) {
 			{Kind: OpAddElem, Map: mpSvc4, Key: MapKey{Addr: netip.MustParseAddr("10.96.0.10"), Protocol: "TCP", Port: 80}, Verdict: Goto("service-ABCDEFGH-ns/svc/tcp/80")},
 			{Kind: OpAddElem, Map: mpSvc4, Key: MapKey{Addr: netip.MustParseAddr("10.96.0.11"), Protocol: "UDP", Port: 53}, Verdict: Verdict{Kind: VerdictDrop}},
 		}},
+		{mpSvc4, []Op{
+			{Kind: OpDelElem, Map: mpSvc4, Key: MapKey{Addr: netip.MustParseAddr("10.96.0.10"), Protocol: "TCP", Port: 80}},
+		}},
 		{tableMaps[mapHairpin6], []Op{
 			{Kind: OpAddElem, Map: tableMaps[mapHairpin6], Key: MapKey{Addr: netip.MustParseAddr("fd00:42::5"), Addr2: netip.MustParseAddr("fd00:42::5")}},
 		}},
+		{tableMaps[mapHairpin6], []Op{
+			{Kind: OpDelElem, Map: tableMaps[mapHairpin6], Key: MapKey{Addr: netip.MustParseAddr("fd00:42::5"), Addr2: netip.MustParseAddr("fd00:42::5")}},
+		}},
 	} {
+		kind := tc.ops[0].Kind
 		els, next, err := elemRun(tc.ops, 0)
 		if err != nil || next != len(tc.ops) {
 			t.Fatalf("elemRun = %d, %v", next, err)
@@ -620,7 +627,13 @@ func TestEncoderElemsMatchSetAddElements(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.SetAddElements(&nftables.Set{Table: table(), Name: tc.m.Name, IsMap: !tc.m.Set}, els); err != nil {
+		s := &nftables.Set{Table: table(), Name: tc.m.Name, IsMap: !tc.m.Set}
+		if kind == OpAddElem {
+			err = c.SetAddElements(s, els)
+		} else {
+			err = c.SetDeleteElements(s, els)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Flush(); !errors.Is(err, errBatchMarshalled) {
@@ -628,12 +641,12 @@ func TestEncoderElemsMatchSetAddElements(t *testing.T) {
 		}
 		want := (*msgs)[1]
 		var e batchEncoder
-		e.addElems(table().Name, tc.m.Name, els)
+		e.elems(kind, table().Name, tc.m.Name, els)
 		if got := e.buf[unix.NLMSG_HDRLEN:]; !bytes.Equal(got, want.Data) {
-			t.Errorf("%s:\n got %x\nwant %x", tc.m.Name, got, want.Data)
+			t.Errorf("%s %s:\n got %x\nwant %x", describeOp(tc.ops[0]), tc.m.Name, got, want.Data)
 		}
 		if typ, flags := binary.NativeEndian.Uint16(e.buf[4:]), binary.NativeEndian.Uint16(e.buf[6:]); typ != uint16(want.Header.Type) || flags != uint16(want.Header.Flags&^mnl.Acknowledge) {
-			t.Errorf("%s: type %#x flags %#x, want %#x %#x", tc.m.Name, typ, flags, want.Header.Type, want.Header.Flags&^mnl.Acknowledge)
+			t.Errorf("%s: type %#x flags %#x, want %#x %#x", describeOp(tc.ops[0]), typ, flags, want.Header.Type, want.Header.Flags&^mnl.Acknowledge)
 		}
 	}
 }
