@@ -2,10 +2,7 @@ package store
 
 import (
 	"errors"
-	"fmt"
 	"hash/maphash"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Cache keeps the decoded objects of one kind between lists
@@ -43,32 +40,25 @@ func (c Collection[T, P]) ListCached(cache *Cache[P]) ([]Record[P], error) {
 	cache.gen++
 	out := make([]Record[P], 0, len(cache.entries))
 	var errs []error
-	err := c.s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(c.kind.bucket())
-		if b == nil {
-			return nil
+	err := c.each(func(k, v []byte) {
+		sum := maphash.Bytes(cache.seed, v)
+		e := cache.entries[string(k)]
+		if e != nil && e.sum == sum && e.n == len(v) {
+			e.gen = cache.gen
+			out = append(out, e.rec)
+			return
 		}
-		return b.ForEach(func(k, v []byte) error {
-			sum := maphash.Bytes(cache.seed, v)
-			e := cache.entries[string(k)]
-			if e != nil && e.sum == sum && e.n == len(v) {
-				e.gen = cache.gen
-				out = append(out, e.rec)
-				return nil
-			}
-			rec, err := decodeRecord[T, P](v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("decode %s %s: %w", c.kind, k, err))
-				return nil
-			}
-			if e == nil {
-				e = &cacheEntry[P]{}
-				cache.entries[string(k)] = e
-			}
-			*e = cacheEntry[P]{sum: sum, n: len(v), rec: rec, gen: cache.gen}
-			out = append(out, rec)
-			return nil
-		})
+		rec, err := c.decode(k, v)
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		if e == nil {
+			e = &cacheEntry[P]{}
+			cache.entries[string(k)] = e
+		}
+		*e = cacheEntry[P]{sum: sum, n: len(v), rec: rec, gen: cache.gen}
+		out = append(out, rec)
 	})
 	if err != nil {
 		return nil, err

@@ -161,11 +161,8 @@ func (c Collection[T, P]) Get(namespace, name string) (Record[P], bool, error) {
 		}
 		found = true
 		var err error
-		rec, err = decodeRecord[T, P](v)
-		if err != nil {
-			return fmt.Errorf("decode %s %s: %w", c.kind, key, err)
-		}
-		return nil
+		rec, err = c.decode([]byte(key), v)
+		return err
 	})
 	return rec, found, err
 }
@@ -175,25 +172,42 @@ func (c Collection[T, P]) Get(namespace, name string) (Record[P], bool, error) {
 func (c Collection[T, P]) List() ([]Record[P], error) {
 	var out []Record[P]
 	var errs []error
-	err := c.s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(c.kind.bucket())
-		if b == nil {
-			return nil
+	err := c.each(func(k, v []byte) {
+		rec, err := c.decode(k, v)
+		if err != nil {
+			errs = append(errs, err)
+			return
 		}
-		return b.ForEach(func(k, v []byte) error {
-			rec, err := decodeRecord[T, P](v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("decode %s %s: %w", c.kind, k, err))
-				return nil
-			}
-			out = append(out, rec)
-			return nil
-		})
+		out = append(out, rec)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, errors.Join(errs...)
+}
+
+// each calls fn with every stored key and value of this kind, in key
+// order, in one read transaction; the bytes are valid only during fn.
+func (c Collection[T, P]) each(fn func(k, v []byte)) error {
+	return c.s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(c.kind.bucket())
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			fn(k, v)
+			return nil
+		})
+	})
+}
+
+// decode decodes the stored value v of key k.
+func (c Collection[T, P]) decode(k, v []byte) (Record[P], error) {
+	rec, err := decodeRecord[T, P](v)
+	if err != nil {
+		return rec, fmt.Errorf("decode %s %s: %w", c.kind, k, err)
+	}
+	return rec, nil
 }
 
 // Delete removes namespace/name and reports whether it was there.
