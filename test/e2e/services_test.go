@@ -98,6 +98,24 @@ func reachAll(t *testing.T, ns, addr string, want ...string) map[string]bool {
 	return clients
 }
 
+// whoScript, in a pod's `- |` command, writes the CGI script /cgi-bin/who
+// that answers with $NAME and the client address httpd saw.
+const whoScript = `      mkdir -p /www/cgi-bin
+      printf '#!/bin/sh\necho Content-Type: text/plain\necho\necho "$NAME $REMOTE_ADDR"\n' > /www/cgi-bin/who
+      chmod +x /www/cgi-bin/who
+`
+
+// askLoop, in a pod's `- |` command, asks url every 200 ms (with
+// timeout(1): busybox 1.35's wget -T segfaults) and appends "ok <answer>"
+// or "fail" to /out/log.
+func askLoop(url string) string {
+	return fmt.Sprintf(`      while true; do
+        if a=$(timeout 3 wget -q -O - %s 2>&1); then echo "ok $a" >> /out/log; else echo "fail $a" >> /out/log; fi
+        sleep 0.2
+      done
+`, url)
+}
+
 // backendPod is a busybox httpd backend whose CGI script answers with its
 // name and the client address it sees, ready while /ctl/<pod name> is
 // absent (a static pod's name ends with the node's).
@@ -118,10 +136,7 @@ spec:
     - sh
     - -c
     - |
-      mkdir -p /www/cgi-bin
-      printf '#!/bin/sh\necho Content-Type: text/plain\necho\necho "$NAME $REMOTE_ADDR"\n' > /www/cgi-bin/who
-      chmod +x /www/cgi-bin/who
-      exec httpd -f -p 8080 -h /www
+%[4]s      exec httpd -f -p 8080 -h /www
     readinessProbe:
       exec: {command: [sh, -c, 'test ! -e /ctl/$NAME']}
       periodSeconds: 1
@@ -129,7 +144,7 @@ spec:
   volumes:
   - name: ctl
     hostPath: {path: %[3]s, type: Directory}
-`, name, env.TestImage, ctl)
+`, name, env.TestImage, ctl, whoScript)
 }
 
 // udpPod answers UDP datagrams on port 5353 with its name.
@@ -153,9 +168,7 @@ spec:
 `, name, env.TestImage, filepath.Dir(echoBin))
 }
 
-// clientPod asks url every 200 ms (with timeout(1): busybox 1.35's wget -T
-// segfaults) and appends "ok <answer>" or "fail" to
-// /out/log, a file the test reads.
+// clientPod asks url as askLoop does; /out/log is a file the test reads.
 func clientPod(name, out, url string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
@@ -169,15 +182,11 @@ spec:
     - sh
     - -c
     - |
-      while true; do
-        if a=$(timeout 3 wget -q -O - %[4]s 2>&1); then echo "ok $a" >> /out/log; else echo "fail $a" >> /out/log; fi
-        sleep 0.2
-      done
-    volumeMounts: [{name: out, mountPath: /out}]
+%[4]s    volumeMounts: [{name: out, mountPath: /out}]
   volumes:
   - name: out
     hostPath: {path: %[3]s, type: Directory}
-`, name, env.TestImage, out, url)
+`, name, env.TestImage, out, askLoop(url))
 }
 
 // selfPod is a backend of the "self" Service that asks that Service itself
@@ -199,19 +208,12 @@ spec:
     - sh
     - -c
     - |
-      mkdir -p /www/cgi-bin
-      printf '#!/bin/sh\necho Content-Type: text/plain\necho\necho "$NAME $REMOTE_ADDR"\n' > /www/cgi-bin/who
-      chmod +x /www/cgi-bin/who
-      httpd -p 8080 -h /www
-      while true; do
-        if a=$(timeout 3 wget -q -O - http://10.43.0.84/cgi-bin/who 2>&1); then echo "ok $a" >> /out/log; else echo "fail $a" >> /out/log; fi
-        sleep 0.2
-      done
-    volumeMounts: [{name: out, mountPath: /out}]
+%[4]s      httpd -p 8080 -h /www
+%[5]s    volumeMounts: [{name: out, mountPath: /out}]
   volumes:
   - name: out
     hostPath: {path: %[3]s, type: Directory}
-`, name, env.TestImage, out)
+`, name, env.TestImage, out, whoScript, askLoop("http://10.43.0.84/cgi-bin/who"))
 }
 
 // clientLog is what a client pod wrote so far.
