@@ -73,7 +73,7 @@ func TestBootstrapValidCertMakesNoCSR(t *testing.T) {
 	if want := ndEpoch.Add(-time.Hour).Add(80 * time.Hour); !st.RenewAt.Equal(want) {
 		t.Errorf("renewAt %s, want %s", st.RenewAt, want)
 	}
-	done := bsRun(t, b)
+	done := runUntilDone(t, b.Run)
 	bsAsleep(t, clk)
 	clk.Advance(time.Hour)
 	bsAsleep(t, clk)
@@ -125,7 +125,7 @@ func TestBootstrapWithoutValidCert(t *testing.T) {
 			if st := b.State(); st.Phase != CertRequesting || st.Usable {
 				t.Errorf("state before Run %+v", st)
 			}
-			bsRun(t, b)
+			runUntilDone(t, b.Run)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			rc, err := b.Wait(ctx)
@@ -166,7 +166,7 @@ func TestBootstrapRenewsAtDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := f.whoami(t, client)
-	bsRun(t, b)
+	runUntilDone(t, b.Run)
 
 	bsAsleep(t, clk)
 	clk.Advance(80*time.Hour - time.Minute)
@@ -214,7 +214,7 @@ func TestBootstrapRenewalOutageFallsBackToBootstrap(t *testing.T) {
 		}
 		return 0
 	})
-	done := bsRun(t, b)
+	done := runUntilDone(t, b.Run)
 	bsAsleep(t, clk)
 	clk.Advance(8 * time.Hour) // the deadline
 	for clk.Now().Before(unreachableUntil) {
@@ -266,7 +266,7 @@ func TestBootstrapDeniedKeepsChecking(t *testing.T) {
 	clk := clocktest.New(ndEpoch)
 	dir := t.TempDir()
 	b, log := f.bootstrapper(t, dir, filepath.Join(dir, "kubeconfig"), clk)
-	bsRun(t, b)
+	runUntilDone(t, b.Run)
 	for range 5 {
 		bsAsleep(t, clk)
 		clk.Advance(2 * time.Minute)
@@ -340,7 +340,7 @@ func TestBootstrapKubeconfigOnlyWhenNeeded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bsRun(t, b)
+		runUntilDone(t, b.Run)
 		bsAsleep(t, clk)
 		if st := b.State(); st.Phase != CertFailing || st.Usable || !strings.Contains(st.Reason, "bootstrap kubeconfig "+filepath.Join(dir, "bootstrap.kubeconfig")) {
 			t.Errorf("state %+v", st)
@@ -592,14 +592,21 @@ func (f *bsFake) whoami(t *testing.T, c *Client) string {
 // bsSign issues a client certificate for subject and pub from ca.
 func bsSign(t testing.TB, ca *env.CA, subject pkix.Name, pub any, nb, na time.Time) []byte {
 	t.Helper()
+	return caSign(t, ca, &x509.Certificate{
+		Subject: subject, NotBefore: nb, NotAfter: na,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, pub)
+}
+
+// caSign signs tmpl, with a random serial number, for pub with ca and
+// returns the certificate in PEM.
+func caSign(t testing.TB, ca *env.CA, tmpl *x509.Certificate, pub any) []byte {
+	t.Helper()
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 100))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: subject, NotBefore: nb, NotAfter: na,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	tmpl.SerialNumber = serial
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
 		t.Fatal(err)
@@ -687,12 +694,12 @@ func bsCheckFilesRenewing(t *testing.T, dir, kc string, issued *x509.Certificate
 	}
 }
 
-// bsRun runs b until the test ends; done stops it and checks that Run
-// returned nil.
-func bsRun(t *testing.T, b *Bootstrapper) (done func()) {
+// runUntilDone runs run until the test ends; done stops it and checks
+// that run returned nil.
+func runUntilDone(t *testing.T, run func(context.Context) error) (done func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
-	go func() { ch <- b.Run(ctx) }()
+	go func() { ch <- run(ctx) }()
 	var once sync.Once
 	done = func() {
 		once.Do(func() {
@@ -760,7 +767,7 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := bsRun(t, b)
+	done := runUntilDone(t, b.Run)
 
 	csr := c.waitPending(t, name)
 	bsCheckCSR(t, csr, name)
@@ -836,7 +843,7 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	default:
 		t.Fatalf("restart not ready with the stored certificate: %+v", again.State())
 	}
-	bsRun(t, again)
+	runUntilDone(t, again.Run)
 	bsAsleep(t, clk)
 	if after := len(c.list(t)); after != before {
 		t.Errorf("restart made %d requests", after-before)
@@ -869,7 +876,7 @@ func bsTestDenied(t *testing.T, c *bsCluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bsRun(t, b)
+	runUntilDone(t, b.Run)
 	csr := c.waitPending(t, name)
 	c.decide(t, csr.Name, certsv1.CertificateDenied, "NotOnOurSite")
 	ndEventually(t, "denied state", func() bool {
@@ -988,15 +995,24 @@ func (c *bsCluster) decide(t *testing.T, name string, typ certsv1.RequestConditi
 // nb to na, with the request's subject plus extraGroups, and returns it.
 func (c *bsCluster) sign(t *testing.T, name string, nb, na time.Time, extraGroups ...string) *x509.Certificate {
 	t.Helper()
+	return c.signWith(t, name, func(cr *x509.CertificateRequest) []byte {
+		subject := cr.Subject
+		subject.Organization = append(slices.Clone(subject.Organization), extraGroups...)
+		return bsSign(t, c.api.CA, subject, cr.PublicKey, nb, na)
+	})
+}
+
+// signWith issues the CSR name with the certificate sign makes of its
+// request, and returns that certificate.
+func (c *bsCluster) signWith(t *testing.T, name string, sign func(*x509.CertificateRequest) []byte) *x509.Certificate {
+	t.Helper()
 	csr := c.get(t, name)
 	block, _ := pem.Decode(csr.Spec.Request)
 	cr, err := x509.ParseCertificateRequest(block.Bytes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject := cr.Subject
-	subject.Organization = append(slices.Clone(subject.Organization), extraGroups...)
-	certPEM := bsSign(t, c.api.CA, subject, cr.PublicKey, nb, na)
+	certPEM := sign(cr)
 	csr.Status.Certificate = certPEM
 	if err := c.admin.Certificates.Put().Resource("certificatesigningrequests").Name(name).SubResource("status").Body(csr).Do(context.Background()).Error(); err != nil {
 		t.Fatalf("sign csr %s: %v", name, err)

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,13 +9,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -61,7 +58,7 @@ func TestServingCertsRequestsAndStores(t *testing.T) {
 	if st := s.State(); st.Phase != CertRequesting || st.Usable || !strings.Contains(st.Reason, "no serving certificate") {
 		t.Errorf("state before Run %+v", st)
 	}
-	scRun(t, s)
+	runUntilDone(t, s.Run)
 	ndWait(t, "serving certificate", func() bool { return s.Current() != nil })
 	csrs := f.created()
 	if len(csrs) != 1 {
@@ -139,7 +136,7 @@ func TestServingCertsLoadedAtStart(t *testing.T) {
 					t.Errorf("state %+v, want the reason to say %q", st, tt.wantWhy)
 				}
 			}
-			done := scRun(t, s)
+			done := runUntilDone(t, s.Run)
 			if tt.wantCSRs > 0 {
 				ndWait(t, "new certificate", func() bool { return s.Current() != nil })
 			}
@@ -166,7 +163,7 @@ func TestServingCertsRenewsAtDeadline(t *testing.T) {
 	dir := t.TempDir()
 	old := f.writeServing(t, dir, "system:node:n1", scWantNames, scWantIPs, ndEpoch, ndEpoch.Add(100*time.Hour))
 	s, _ := f.servingCerts(t, dir, scConfig(dir), clk)
-	scRun(t, s)
+	runUntilDone(t, s.Run)
 	bsAsleep(t, clk)
 	clk.Advance(80*time.Hour - time.Minute)
 	bsAsleep(t, clk)
@@ -200,7 +197,7 @@ func TestServingCertsExpiresWhileDenied(t *testing.T) {
 	// 90 % of its life is over: due at once.
 	f.writeServing(t, dir, "system:node:n1", scWantNames, scWantIPs, ndEpoch.Add(-90*time.Hour), ndEpoch.Add(10*time.Hour))
 	s, log := f.servingCerts(t, dir, scConfig(dir), clk)
-	scRun(t, s)
+	runUntilDone(t, s.Run)
 	ndWait(t, "denied", func() bool { return s.State().Phase == CertDenied })
 	if st := s.State(); !st.Usable || s.Current() == nil || !strings.Contains(st.Reason, "NotThisOne") {
 		t.Errorf("denied renewal with a valid certificate: state %+v", st)
@@ -325,20 +322,11 @@ func scWriteFile(t *testing.T, dir string, data []byte) {
 // kubelet serving signer does: cr's subject, names and addresses.
 func scSign(t testing.TB, ca *env.CA, cr *x509.CertificateRequest, nb, na time.Time) []byte {
 	t.Helper()
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: cr.Subject, NotBefore: nb, NotAfter: na,
+	return caSign(t, ca, &x509.Certificate{
+		Subject: cr.Subject, NotBefore: nb, NotAfter: na,
 		DNSNames: cr.DNSNames, IPAddresses: cr.IPAddresses,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, cr.PublicKey, ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}, cr.PublicKey)
 }
 
 // scCheckCSR checks a request as the kubelet serving signer wants it
@@ -429,25 +417,6 @@ func scCheckFiles(t *testing.T, dir string, issued *x509.Certificate) {
 	}
 }
 
-// scRun runs s until the test ends; done stops it and checks that Run
-// returned nil.
-func scRun(t *testing.T, s *ServingCerts) (done func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan error, 1)
-	go func() { ch <- s.Run(ctx) }()
-	var once sync.Once
-	done = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-ch; err != nil {
-				t.Errorf("run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(done)
-	return done
-}
-
 // ---- against a real API server ----
 
 // A node identity asks for a serving certificate; kube-apiserver takes
@@ -483,7 +452,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := scRun(t, s)
+	done := runUntilDone(t, s.Run)
 
 	csr := c.waitPending(t, name)
 	scCheckCSR(t, csr, name, wantNames, wantIPs)
@@ -523,7 +492,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	if cur := again.Current(); cur == nil || !cur.Leaf.Equal(issued) {
 		t.Fatalf("restart does not serve the kept certificate: %+v", again.State())
 	}
-	doneAgain := scRun(t, again)
+	doneAgain := runUntilDone(t, again.Run)
 	bsAsleep(t, clk)
 	if after := len(c.list(t)); after != before {
 		t.Errorf("restart made %d requests", after-before)
@@ -542,7 +511,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	if m.Current() != nil {
 		t.Fatal("the certificate for the old address is served")
 	}
-	scRun(t, m)
+	runUntilDone(t, m.Run)
 	renewal := c.waitPending(t, name)
 	if renewal.Name == csr.Name {
 		t.Fatal("the request for the new address has the old one's name")
@@ -563,21 +532,5 @@ func TestServingCertsAPIServer(t *testing.T) {
 // the kubelet serving signer does, valid from nb to na, and returns it.
 func (c *bsCluster) signServing(t *testing.T, name string, nb, na time.Time) *x509.Certificate {
 	t.Helper()
-	csr := c.get(t, name)
-	block, _ := pem.Decode(csr.Spec.Request)
-	cr, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPEM := scSign(t, c.api.CA, cr, nb, na)
-	csr.Status.Certificate = certPEM
-	if err := c.admin.Certificates.Put().Resource("certificatesigningrequests").Name(name).SubResource("status").Body(csr).Do(context.Background()).Error(); err != nil {
-		t.Fatalf("sign csr %s: %v", name, err)
-	}
-	cb, _ := pem.Decode(certPEM)
-	cert, err := x509.ParseCertificate(cb.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
+	return c.signWith(t, name, func(cr *x509.CertificateRequest) []byte { return scSign(t, c.api.CA, cr, nb, na) })
 }
