@@ -240,7 +240,6 @@ func (e *batchEncoder) add(msgs []mnl.Message) {
 		e.begun = true
 	}
 	for _, m := range msgs[1 : len(msgs)-1] {
-		e.last = len(e.buf)
 		e.append(m)
 	}
 	e.end = msgs[len(msgs)-1]
@@ -249,21 +248,15 @@ func (e *batchEncoder) add(msgs []mnl.Message) {
 // append lays out m, without the flags asking for an acknowledgement or
 // an echo (see send).
 func (e *batchEncoder) append(m mnl.Message) {
-	e.n++
-	n := unix.NLMSG_HDRLEN + len(m.Data)
-	e.buf = binary.NativeEndian.AppendUint32(e.buf, uint32(n))
-	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(m.Header.Type))
-	e.buf = binary.NativeEndian.AppendUint16(e.buf, uint16(m.Header.Flags&^(mnl.Acknowledge|unix.NLM_F_ECHO)))
-	e.buf = binary.NativeEndian.AppendUint32(e.buf, uint32(e.n))
-	e.buf = binary.NativeEndian.AppendUint32(e.buf, 0) // the kernel's port id
+	start := e.begin(m.Header.Type, m.Header.Flags&^(mnl.Acknowledge|unix.NLM_F_ECHO))
 	e.buf = append(e.buf, m.Data...)
-	for range nlmsgAlign(n) - n {
-		e.buf = append(e.buf, 0)
-	}
+	e.finishMsg(start)
+	e.pad()
 }
 
-// begin starts a message of type typ laid out in place, for finishMsg to
-// complete; it returns the message's offset.
+// begin starts a message of type typ, numbered next, for finishMsg to
+// complete, and makes it the last message (see finish); it returns the
+// message's offset.
 func (e *batchEncoder) begin(typ mnl.HeaderType, flags mnl.HeaderFlags) int {
 	start := len(e.buf)
 	e.n++
@@ -449,9 +442,6 @@ func (e *batchEncoder) finish() (seq uint32, msgs int, ok bool) {
 	e.append(e.end)
 	return seq, e.n, true
 }
-
-// nlmsgAlign rounds n up to netlink's 4-byte alignment.
-func nlmsgAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
 
 // commitTimeout bounds the wait for the kernel's answer to a batch. The
 // kernel processes and commits a batch within the sendmsg that sends it,
