@@ -233,8 +233,8 @@ type objects struct {
 
 // hairpinElem is the element of the set hairpin-endpoints(6) for
 // endpoint a.
-func hairpinElem(a netip.Addr) (Map, MapKey, Verdict) {
-	return tableMaps[pick(a.Is6(), mapHairpin, mapHairpin6)], MapKey{Addr: a, Addr2: a}, Verdict{}
+func hairpinElem(a netip.Addr) (Map, MapKey) {
+	return tableMaps[pick(a.Is6(), mapHairpin, mapHairpin6)], MapKey{Addr: a, Addr2: a}
 }
 
 type chainDef struct {
@@ -405,8 +405,8 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 	hairpin := make(map[netip.Addr]int32, len(o.hairpin))
 	for _, a := range o.hairpin {
 		if hairpin[a]++; hairpin[a] == 1 {
-			m, k, v := hairpinElem(a)
-			tx.AddElem(m, k, v)
+			m, k := hairpinElem(a)
+			tx.AddElem(m, k, Verdict{})
 		}
 	}
 
@@ -679,8 +679,8 @@ func (d *delta) tx() *Tx {
 	}
 	for _, a := range d.hairpinKeys {
 		if before := d.hairpinFrom[a]; before == 0 && before+d.hairpin[a] > 0 {
-			m, k, v := hairpinElem(a)
-			tx.AddElem(m, k, v)
+			m, k := hairpinElem(a)
+			tx.AddElem(m, k, Verdict{})
 		}
 	}
 	for _, k := range d.touched {
@@ -690,7 +690,7 @@ func (d *delta) tx() *Tx {
 	}
 	for _, a := range d.hairpinKeys {
 		if before := d.hairpinFrom[a]; before > 0 && before+d.hairpin[a] == 0 {
-			m, k, _ := hairpinElem(a)
+			m, k := hairpinElem(a)
 			tx.DelElem(m, k)
 		}
 	}
