@@ -348,18 +348,23 @@ type ndClock struct {
 	tickers []time.Duration
 }
 
+// NewTimer and NewTicker record d once the fake clock has the waiter: a
+// test that sees it made may Advance at once, and an Advance before the
+// waiter exists would be lost (seen under qemu-arm).
 func (c *ndClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.Fake.NewTimer(d)
 	c.mu.Lock()
 	c.timers = append(c.timers, d)
 	c.mu.Unlock()
-	return c.Fake.NewTimer(d)
+	return t
 }
 
 func (c *ndClock) NewTicker(d time.Duration) clock.Ticker {
+	t := c.Fake.NewTicker(d)
 	c.mu.Lock()
 	c.tickers = append(c.tickers, d)
 	c.mu.Unlock()
-	return c.Fake.NewTicker(d)
+	return t
 }
 
 func (c *ndClock) made() (timers, tickers []time.Duration) {
