@@ -68,7 +68,9 @@ func (n *Netlink) Apply(tx *Tx) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	b := &nlBatch{t: table()}
-	enc := batchEncoder{buf: make([]byte, 0, len(tx.Ops)*bytesPerOp)}
+	buf, release := batchBuffer(len(tx.Ops) * bytesPerOp)
+	defer release()
+	enc := batchEncoder{buf: buf}
 	// Rules and elements (most of a big Tx) are laid out here, straight
 	// into the batch: Conn's AddRule and SetAddElements copy each one's
 	// bytes several times over. The other ops go through google/nftables,
@@ -197,6 +199,27 @@ func captureConn() (*nftables.Conn, *[]mnl.Message, error) {
 	}
 	return c, msgs, nil
 }
+
+// batchBuffer returns an empty buffer of capacity n for a batch, and the
+// func that frees it once the batch is sent. A big one (a cold sync) is
+// mapped outside the Go heap, with transparent huge pages where the
+// kernel gives them on request, and unmapped at once after: faulting in
+// tens of MiB of fresh 4 KiB heap pages was a good part of a cold sync,
+// and the heap kept them.
+func batchBuffer(n int) ([]byte, func()) {
+	if n < bigBatch {
+		return make([]byte, 0, n), func() {}
+	}
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return make([]byte, 0, n), func() {}
+	}
+	unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	return mem[:0], func() { unix.Munmap(mem) }
+}
+
+// bigBatch is the size from which batchBuffer maps a buffer of its own.
+const bigBatch = 4 << 20
 
 // chunkOps is how many ops google/nftables translates at a time.
 const chunkOps = 4096

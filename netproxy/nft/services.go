@@ -285,16 +285,24 @@ func (r *svcRender) policyChain(name string, idx []int, internal bool) chainDef 
 		// One endpoint in k: the first rule takes 1/k of the packets,
 		// the next 1/(k-1) of the rest, and so on; the last takes what
 		// is left. With affinity each goes to the endpoint's chain, which
-		// remembers the client; without, it DNATs at once.
+		// remembers the client, and only a packet of the endpoint's
+		// family may go there. Without, the rule DNATs at once and needs
+		// no family match: the kernel's inet nat leaves a packet of the
+		// other family alone and goes on to the next rule, so the other
+		// family's packets pass these rules untouched, whatever their
+		// draws, and reach their own.
 		for n, i := range fam {
-			stmts := []Stmt{MatchFamily{V6: v6}}
+			var stmts []Stmt
+			if r.sp.AffinityTimeout > 0 {
+				stmts = append(stmts, MatchFamily{V6: v6})
+			}
 			if left := len(fam) - n; left > 1 {
 				stmts = append(stmts, MatchRandom{Mod: uint32(left)})
 			}
 			if r.sp.AffinityTimeout > 0 {
 				stmts = append(stmts, VerdictStmt{Goto(r.endpointChainName(i))})
 			} else {
-				stmts = append(stmts, r.dnat(i)...)
+				stmts = append(stmts, r.dnat(i))
 			}
 			rules = append(rules, Rule{Stmts: stmts})
 		}
@@ -334,11 +342,13 @@ func (r *svcRender) externalChain(name, serviceChain, localChain string, hasLoca
 func (r *svcRender) endpointChain(i int) chainDef {
 	return chainDef{Chain: Chain{Name: r.endpointChainName(i)}, rules: []Rule{
 		{Stmts: []Stmt{SetUpdate{Set: r.affinitySet(i), V6: r.is6(i)}}},
-		{Stmts: r.dnat(i)},
+		{Stmts: []Stmt{r.dnat(i)}},
 	}}
 }
 
-// dnat is `meta l4proto <proto> dnat to <ip>:<port>` of endpoint i.
-func (r *svcRender) dnat(i int) []Stmt {
-	return []Stmt{MatchProtoPort{Protocol: r.proto}, DNAT{Addr: r.addr(i), Port: r.sp.Endpoints[i].Port}}
+// dnat is `dnat to <ip>:<port>` of endpoint i. It needs no protocol
+// match (which nft's syntax would add): only the Service's protocol is
+// sent here, by the dispatch maps' keys.
+func (r *svcRender) dnat(i int) Stmt {
+	return DNAT{Addr: r.addr(i), Port: r.sp.Endpoints[i].Port}
 }

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"fmt"
 	"math"
 	"net/netip"
 	"os"
@@ -467,6 +468,51 @@ func TestSyncRejectsBadState(t *testing.T) {
 
 // TestTableBalancesEvenly: over 1 to 6 ready endpoints, the numgen
 // cascade sends each endpoint the same share of new connections.
+// TestTableBalancesDualStackEvenly: a dual-stack Service's cascade rules
+// carry no family match, so a packet of one family passes the other
+// family's rules (the kernel's inet nat leaves it alone) whatever their
+// draws; each family's endpoints must still share its connections
+// evenly, and no packet may reach the other family's.
+func TestTableBalancesDualStackEvenly(t *testing.T) {
+	for n4 := 1; n4 <= 3; n4++ {
+		for n6 := 1; n6 <= 3; n6++ {
+			sp := svcDualStack()
+			sp.Endpoints = nil
+			for i := range n4 {
+				sp.Endpoints = append(sp.Endpoints, ready(netip.AddrFrom4([4]byte{10, 42, 1, byte(10 + i)}), 8080, false))
+			}
+			for i := range n6 {
+				sp.Endpoints = append(sp.Endpoints, ready(netip.MustParseAddr(fmt.Sprintf("fd00:42::1:%d", 10+i)), 8080, false))
+			}
+			f, _ := synced(t, State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
+			for _, c := range []struct {
+				src, dst netip.Addr
+				n        int
+			}{{tsPod, sp.ClusterIPs[0], n4}, {tsPod6, sp.ClusterIPs[1], n6}} {
+				outs, err := f.Trace(Packet{Src: c.src, Dst: c.dst, Protocol: "TCP", Port: 80}, tsIsLocal)
+				if err != nil {
+					t.Fatal(err)
+				}
+				shares := map[netip.AddrPort]float64{}
+				for _, o := range outs {
+					if o.DNAT.Addr().Is6() != c.dst.Is6() {
+						t.Errorf("%d+%d endpoints: %s reached %s", n4, n6, c.dst, o.DNAT)
+					}
+					shares[o.DNAT] += o.Share
+				}
+				if len(shares) != c.n {
+					t.Errorf("%d+%d endpoints: %s reached %d: %v", n4, n6, c.dst, len(shares), shares)
+				}
+				for ep, s := range shares {
+					if math.Abs(s-1/float64(c.n)) > 1e-9 {
+						t.Errorf("%d+%d endpoints: %s: %s gets %.4f of connections, want %.4f", n4, n6, c.dst, ep, s, 1/float64(c.n))
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestTableBalancesEvenly(t *testing.T) {
 	for n := 1; n <= 6; n++ {
 		sp := svcClusterIP()
