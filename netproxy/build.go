@@ -67,9 +67,48 @@ func (p *LocalPod) conditions() (ready, serving, terminating bool) {
 // matches. Either way, an endpoint that is a local pod has the
 // conditions the agent sees now, not those of a possibly stale slice.
 func Build(in Inputs) ([]ServicePort, []error) {
+	return BuildCached(in, nil)
+}
+
+// BuildCache keeps what Build made of each Service from the API server,
+// so that a sync in which few objects changed builds only those. A
+// Service is built again when it or one of its EndpointSlices changed
+// (Inputs from store.Collection.ListCached hold the same object while
+// its stored bytes are the same), when the local pods or their addresses
+// changed, and every time one of its endpoints is a local pod, whose
+// readiness may have changed since. A standalone Service selects local
+// pods and is built every time. The zero value is ready to use; a
+// BuildCache is for one goroutine at a time.
+type BuildCache struct {
+	pods    string // node name and podIndex.key of the last Build
+	gen     uint64
+	entries map[string]*buildEntry // by namespace/name
+}
+
+type buildEntry struct {
+	svc    *corev1.Service
+	slices []*discoveryv1.EndpointSlice
+	ports  []ServicePort
+	names  []string // ports[i].String()
+	errs   []error
+	gen    uint64
+}
+
+// BuildCached is Build, reusing from cache (when not nil) what did not
+// change since the last call with it. What it returns shares memory with
+// the cache: treat it as read-only.
+func BuildCached(in Inputs, cache *BuildCache) ([]ServicePort, []error) {
 	pods := newPodIndex(in.LocalPods)
 	slicesOf := indexSlices(in.Slices)
-	var out []ServicePort
+	if cache != nil {
+		cache.gen++
+		if k := in.Node + "\x02" + pods.key(); k != cache.pods || cache.entries == nil {
+			cache.pods, cache.entries = k, map[string]*buildEntry{}
+		}
+	}
+	// Most Services have one port.
+	out := make([]ServicePort, 0, len(in.Services))
+	names := make([]string, 0, len(in.Services))
 	var errs []error
 	for _, rec := range in.Services {
 		svc := rec.Object
@@ -82,18 +121,52 @@ func Build(in Inputs) ([]ServicePort, []error) {
 		} else {
 			b.standalone = true
 		}
-		out = append(out, b.build()...)
-		errs = append(errs, b.errs...)
+		if cache != nil && !b.standalone {
+			if e := cache.entries[b.key]; e != nil && e.svc == svc && slices.Equal(e.slices, b.slices) {
+				e.gen = cache.gen
+				out, names, errs = append(out, e.ports...), append(names, e.names...), append(errs, e.errs...)
+				continue
+			}
+		}
+		ports := b.build()
+		first := len(names)
+		for i := range ports {
+			names = append(names, ports[i].String())
+		}
+		out, errs = append(out, ports...), append(errs, b.errs...)
+		if cache != nil && !b.standalone && !b.local {
+			cache.entries[b.key] = &buildEntry{svc: svc, slices: b.slices, ports: ports, names: names[first:len(names):len(names)], errs: b.errs, gen: cache.gen}
+		}
 	}
-	slices.SortStableFunc(out, func(a, b ServicePort) int { return strings.Compare(a.String(), b.String()) })
-	return out, errs
+	if cache != nil {
+		for k, e := range cache.entries {
+			if e.gen != cache.gen {
+				delete(cache.entries, k)
+			}
+		}
+	}
+	// Sorted by String(), each computed once. The store lists Services
+	// by namespace and name, so they often are already.
+	if slices.IsSorted(names) {
+		return out, errs
+	}
+	order := make([]int, len(out))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(names[a], names[b]) })
+	sorted := make([]ServicePort, len(out))
+	for i, j := range order {
+		sorted[i] = out[j]
+	}
+	return sorted, errs
 }
 
 // indexSlices groups the EndpointSlices by the Service they belong to
 // (namespace and kubernetes.io/service-name label), each group sorted
 // by slice name so that duplicates resolve the same way every time.
 func indexSlices(recs []store.Record[*discoveryv1.EndpointSlice]) map[string][]*discoveryv1.EndpointSlice {
-	bySvc := map[string][]*discoveryv1.EndpointSlice{}
+	bySvc := make(map[string][]*discoveryv1.EndpointSlice, len(recs))
 	for _, r := range recs {
 		s := r.Object
 		if s == nil {
@@ -121,6 +194,9 @@ type builder struct {
 	standalone bool
 	slices     []*discoveryv1.EndpointSlice
 	errs       []error
+	// local is set once an endpoint turned out to be a local pod: what
+	// was built then depends on that pod's readiness.
+	local bool
 }
 
 func (b *builder) fail(field, format string, args ...any) {
@@ -331,6 +407,7 @@ func (b *builder) sliceEndpoint(ns string, se *discoveryv1.Endpoint, port uint16
 		uid = se.TargetRef.UID
 	}
 	if lp, has := b.pods.owner(uid, addr, ns, port, proto); lp != nil {
+		b.local = true
 		e.Ready, e.Serving, e.Terminating = lp.conditions()
 		if has {
 			e.Local = true
@@ -459,6 +536,22 @@ func newPodIndex(pods []LocalPod) *podIndex {
 		}
 	}
 	return ix
+}
+
+// key identifies the pods and their addresses, leaving out what may
+// change without changing which endpoint is which pod (readiness,
+// deletion): BuildCache starts over when it changes.
+func (ix *podIndex) key() string {
+	ids := make([]string, 0, len(ix.all))
+	for _, lp := range ix.all {
+		id := string(lp.Pod.UID) + "\x00" + lp.Pod.Namespace + "\x00" + lp.Pod.Name
+		for _, a := range lp.IPs {
+			id += "\x00" + a.String()
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return strings.Join(ids, "\x01")
 }
 
 // owner returns the local pod a slice endpoint of namespace ns is, and

@@ -2,6 +2,7 @@ package netproxy
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"testing"
@@ -691,5 +692,139 @@ func TestBuildLeavesInputsAlone(t *testing.T) {
 	}
 	if !pods[0].IPs[0].Is4In6() || s.Spec.Ports[0].Protocol != "" {
 		t.Fatalf("inputs changed: %v %+v", pods[0].IPs, s.Spec.Ports[0])
+	}
+}
+
+// TestBuildCachedMatchesBuild: through a random run of changes to
+// Services, slices and local pods (readiness, deletion, addresses, a pod
+// taking a remote endpoint's address), BuildCached with one cache builds
+// what Build builds from scratch.
+func TestBuildCachedMatchesBuild(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ports := []corev1.ServicePort{svcPort("http", corev1.ProtocolTCP, 80)}
+	slicePorts := []discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080)}
+	const nsvc = 6
+	addr := func(i int) string { return fmt.Sprintf("10.244.%d.%d", i%2, 10+i) } // even i: this node's CIDR
+	newSvc := func(i int) *corev1.Service {
+		return service(fmt.Sprintf("s%d", i), []string{fmt.Sprintf("10.96.0.%d", 10+i)}, ports, func(s *corev1.Service) {
+			if rng.IntN(4) == 0 {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			}
+		})
+	}
+	newSlice := func(i int) *discoveryv1.EndpointSlice {
+		var eps []discoveryv1.Endpoint
+		for j := range 1 + rng.IntN(3) {
+			a := rng.IntN(12)
+			nodeName := "pi-2"
+			if a%2 == 0 {
+				nodeName = node
+			}
+			e := ep(addr(a), nodeName, ptr(rng.IntN(3) > 0), nil, nil)
+			if j == 0 && rng.IntN(2) == 0 {
+				e = withRef(e, fmt.Sprintf("uid-p%d", a))
+			}
+			eps = append(eps, e)
+		}
+		return slice(fmt.Sprintf("s%d-x", i), fmt.Sprintf("s%d", i), discoveryv1.AddressTypeIPv4, slicePorts, eps...)
+	}
+	svcs := make([]*corev1.Service, nsvc)
+	sls := make([]*discoveryv1.EndpointSlice, nsvc)
+	for i := range nsvc {
+		svcs[i], sls[i] = newSvc(i), newSlice(i)
+	}
+	standalone := service("picked", []string{"10.96.1.1"}, ports, func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
+	pods := map[int]LocalPod{} // by address index
+	for _, a := range []int{0, 2, 4} {
+		pods[a] = localPod(fmt.Sprintf("p%d", a), map[string]string{"app": "web"}, true, addr(a))
+	}
+	var cache BuildCache
+	for step := range 400 {
+		switch k := rng.IntN(7); {
+		case k == 0:
+			i := rng.IntN(nsvc)
+			svcs[i] = newSvc(i)
+		case k == 1:
+			i := rng.IntN(nsvc)
+			sls[i] = newSlice(i)
+		case k == 2 && len(pods) > 0, k == 3 && len(pods) > 0:
+			for a, lp := range pods {
+				switch {
+				case k == 2:
+					lp.Ready = !lp.Ready
+				case rng.IntN(2) == 0:
+					lp = deleting(localPod(lp.Pod.Name, lp.Pod.Labels, lp.Ready, addr(a)))
+				default:
+					delete(pods, a)
+					continue
+				}
+				pods[a] = lp
+				break
+			}
+		case k == 4:
+			// A pod of this node, maybe at an address a slice calls
+			// another node's.
+			a := rng.IntN(12)
+			pods[a] = localPod(fmt.Sprintf("p%d", a), map[string]string{"app": "web"}, rng.IntN(2) == 0, addr(a))
+		case k == 5:
+			i := rng.IntN(nsvc)
+			svcs[i], sls[i] = nil, nil
+		default:
+			// Nothing changed.
+		}
+		in := Inputs{Node: node}
+		for i := range nsvc {
+			if svcs[i] == nil {
+				svcs[i], sls[i] = newSvc(i), newSlice(i) // back next time
+				continue
+			}
+			in.Services = append(in.Services, fromAPI(svcs[i])...)
+			in.Slices = append(in.Slices, sliceRecords(sls[i])...)
+		}
+		in.Services = append(in.Services, records(store.SourceStatic, standalone)...)
+		for a := range 12 {
+			if lp, ok := pods[a]; ok {
+				in.LocalPods = append(in.LocalPods, lp)
+			}
+		}
+		got, gotErrs := BuildCached(in, &cache)
+		want, wantErrs := Build(in)
+		if dump(got) != dump(want) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
+			t.Fatalf("step %d: BuildCached:\n%s%v\nBuild:\n%s%v", step, dump(got), gotErrs, dump(want), wantErrs)
+		}
+	}
+	if len(cache.entries) == 0 {
+		t.Errorf("nothing cached")
+	}
+}
+
+// BuildCached builds a Service again only when something it depends on
+// changed.
+func TestBuildCachedReuses(t *testing.T) {
+	ports := []corev1.ServicePort{svcPort("", corev1.ProtocolTCP, 80)}
+	slicePorts := []discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)}
+	remote := service("remote", []string{"10.96.0.10"}, ports)
+	remoteSl := slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.5", "pi-2"))
+	local := service("local", []string{"10.96.0.11"}, ports)
+	localSl := slice("local-1", "local", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.0.5", node))
+	in := Inputs{Node: node, Services: fromAPI(local, remote), Slices: sliceRecords(localSl, remoteSl),
+		LocalPods: []LocalPod{localPod("a", nil, true, "10.244.0.5")}}
+	var cache BuildCache
+	first, _ := BuildCached(in, &cache)
+	in.LocalPods[0].Ready = false
+	second, _ := BuildCached(in, &cache)
+	if len(first) != 2 || len(second) != 2 || first[0].Name != "local" || first[1].Name != "remote" {
+		t.Fatalf("BuildCached = %s, then %s", dump(first), dump(second))
+	}
+	if &first[1].Endpoints[0] != &second[1].Endpoints[0] {
+		t.Errorf("remote: built again though nothing of it changed")
+	}
+	if second[0].Endpoints[0].Ready {
+		t.Errorf("local: its pod's readiness went, the endpoint is still ready")
+	}
+	in.Slices = sliceRecords(localSl, slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.6", "pi-2")))
+	third, _ := BuildCached(in, &cache)
+	if got := third[1].Endpoints[0].Addr.String(); got != "10.244.1.6" {
+		t.Errorf("remote: its slice changed to 10.244.1.6, endpoint is %s", got)
 	}
 }

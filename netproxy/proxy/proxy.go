@@ -108,11 +108,13 @@ type Proxy struct {
 	deps  Deps
 	table *nft.Table
 
-	// syncMu serializes Syncs, which share the decode caches.
-	syncMu    sync.Mutex
-	svcCache  *store.Cache[*corev1.Service]
-	epsCache  *store.Cache[*discoveryv1.EndpointSlice]
-	podsCache *store.Cache[*corev1.Pod]
+	// syncMu serializes Syncs, which share the decode caches and what
+	// was built from them.
+	syncMu     sync.Mutex
+	svcCache   *store.Cache[*corev1.Service]
+	epsCache   *store.Cache[*discoveryv1.EndpointSlice]
+	podsCache  *store.Cache[*corev1.Pod]
+	buildCache netproxy.BuildCache
 
 	mu     sync.Mutex
 	stats  Stats
@@ -318,7 +320,7 @@ func (p *Proxy) state() (nft.State, map[string]udpPort, int, error) {
 			}
 		}
 	}
-	ports, errs := netproxy.Build(netproxy.Inputs{Node: p.cfg.Node, Services: svcs, Slices: eps, LocalPods: local})
+	ports, errs := netproxy.BuildCached(netproxy.Inputs{Node: p.cfg.Node, Services: svcs, Slices: eps, LocalPods: local}, &p.buildCache)
 	for _, err := range errs {
 		p.deps.Log.Debug("service skipped", "err", err)
 	}
