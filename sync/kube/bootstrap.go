@@ -304,9 +304,8 @@ func (b *Bootstrapper) request(ctx context.Context) error {
 // closes the connections made with the previous one, and sets the renewal
 // deadline.
 func (b *Bootstrapper) use(cert *tls.Certificate, csr string) {
-	b.install(cert)
+	b.install(cert, csr)
 	b.tracker.CloseAll()
-	b.setState(CertValid, "", csr)
 	// Ready only once the state says so, for whoever waited on it.
 	b.mu.Lock()
 	select {

@@ -38,13 +38,17 @@ func (c *certSlot) State() CertState {
 	return s
 }
 
-// install makes cert the one in use and sets its renewal deadline; the
-// caller then records the state with setState.
-func (c *certSlot) install(cert *tls.Certificate) {
+// install makes cert the one in use, sets its renewal deadline and
+// records the state valid, with csr the request it came from, under one
+// lock: whoever sees the certificate sees its state, and its log line.
+func (c *certSlot) install(cert *tls.Certificate, csr string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.cert = cert
 	c.renewAt = renewalDeadline(cert.Leaf, c.jitter())
+	if changed, s := c.setStateLocked(CertValid, "", csr); changed {
+		c.logState(s)
+	}
+	c.mu.Unlock()
 }
 
 // run calls request when there is no certificate, and again when the
@@ -81,6 +85,15 @@ func (c *certSlot) run(ctx context.Context, request func(context.Context) error)
 // setState records phase and reason and logs a change of either.
 func (c *certSlot) setState(phase CertPhase, reason, csr string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if changed, s := c.setStateLocked(phase, reason, csr); changed {
+		c.logState(s)
+	}
+}
+
+// setStateLocked is setState's update, with c.mu held; it returns
+// whether the phase or reason changed, and the new state.
+func (c *certSlot) setStateLocked(phase CertPhase, reason, csr string) (bool, CertState) {
 	changed := c.state.Phase != phase || c.state.Reason != reason
 	if changed {
 		c.state.Since = c.clock.Now()
@@ -90,19 +103,20 @@ func (c *certSlot) setState(phase CertPhase, reason, csr string) {
 		c.state.Subject = c.cert.Leaf.Subject.String()
 		c.state.NotAfter, c.state.RenewAt = c.cert.Leaf.NotAfter, c.renewAt
 	}
-	s := c.state
-	c.mu.Unlock()
-	if !changed {
-		return
-	}
-	switch phase {
+	return changed, c.state
+}
+
+// logState logs a state that changed, with c.mu held, so that the log
+// line is written by the time anyone sees the state.
+func (c *certSlot) logState(s CertState) {
+	switch s.Phase {
 	case CertValid:
 		c.log.Info(c.what+" certificate in use", append([]any{"subject", s.Subject, "notAfter", s.NotAfter, "renewAt", s.RenewAt}, c.logAttrs...)...)
 	case CertRequesting:
-		c.log.Info("requesting "+c.what+" certificate", append([]any{"csr", csr, "reason", reason}, c.logAttrs...)...)
+		c.log.Info("requesting "+c.what+" certificate", append([]any{"csr", s.CSR, "reason", s.Reason}, c.logAttrs...)...)
 	case CertDenied:
-		c.log.Warn(c.what+" certificate request denied; checking it again later", "csr", csr, "reason", reason)
+		c.log.Warn(c.what+" certificate request denied; checking it again later", "csr", s.CSR, "reason", s.Reason)
 	case CertFailing:
-		c.log.Warn(c.what+" certificate request failed; retrying", "err", reason)
+		c.log.Warn(c.what+" certificate request failed; retrying", "err", s.Reason)
 	}
 }
