@@ -91,14 +91,15 @@ var pbOps = []string{"add", "change", "delete"}
 //     (kubeproxy_sync_partial_proxy_rules_duration_seconds) over the syncs
 //     that change caused;
 //   - outpost runs the same objects (as the API server returned them)
-//     through netproxy.Build and an nft.Table on the kernel, in another
-//     fresh network namespace: the cold Sync, then the same changes.
+//     through netproxy.BuildCached (with one BuildCache, as the proxy
+//     loop) and an nft.Table on the kernel, in another fresh network
+//     namespace: the cold Sync, then the same changes.
 //
 // The changes are: add a Service (its EndpointSlice exists already, so
 // kube-proxy syncs once, with its endpoints), change its endpoints (one
 // of five goes), delete it. Each is measured pbReps times; medians are
-// reported. outpost's time is Build of everything plus Table.Sync (the
-// proxy loop's work but reading the store); kube-proxy's is its
+// reported. outpost's time is BuildCached plus Table.Sync (the proxy
+// loop's work but reading the store); kube-proxy's is its
 // syncProxyRules, which its min-sync-period (1 s) delays but does not
 // lengthen. The ratio is outpost ÷ kube-proxy. One iteration is the
 // whole run: use -benchtime 1x.
@@ -143,7 +144,7 @@ func BenchmarkProxyVsKubeProxy(b *testing.B) {
 		})
 	}
 	// On stdout: a parent benchmark's log is not printed.
-	fmt.Printf("service proxy, N Services × %d endpoints (outpost = Build + Table.Sync, of which Sync in brackets; kube-proxy = syncProxyRules; medians of %d for one-Service changes):\n%s",
+	fmt.Printf("service proxy, N Services × %d endpoints (outpost = BuildCached + Table.Sync, of which Sync in brackets; kube-proxy = syncProxyRules; medians of %d for one-Service changes):\n%s",
 		pbEndpoints, pbReps, pbTable(rows))
 }
 
@@ -444,9 +445,12 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 		return in
 	}
 	wantPorts := n
+	// The objects that did not change are the same ones from sync to
+	// sync, as the proxy's store caches give them.
+	var cache netproxy.BuildCache
 	syncIn := func(what string, in netproxy.Inputs) (pbTimes, error) {
 		t0 := time.Now()
-		sps, errs := netproxy.Build(in)
+		sps, errs := netproxy.BuildCached(in, &cache)
 		t1 := time.Now()
 		if len(errs) > 0 {
 			b.Fatalf("%s: build: %v", what, errors.Join(errs...))
