@@ -45,9 +45,7 @@ func (c *certSlot) install(cert *tls.Certificate, csr string) {
 	c.mu.Lock()
 	c.cert = cert
 	c.renewAt = renewalDeadline(cert.Leaf, c.jitter())
-	if changed, s := c.setStateLocked(CertValid, "", csr); changed {
-		c.logState(s)
-	}
+	c.setStateLocked(CertValid, "", csr)
 	c.mu.Unlock()
 }
 
@@ -86,14 +84,12 @@ func (c *certSlot) run(ctx context.Context, request func(context.Context) error)
 func (c *certSlot) setState(phase CertPhase, reason, csr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if changed, s := c.setStateLocked(phase, reason, csr); changed {
-		c.logState(s)
-	}
+	c.setStateLocked(phase, reason, csr)
 }
 
-// setStateLocked is setState's update, with c.mu held; it returns
-// whether the phase or reason changed, and the new state.
-func (c *certSlot) setStateLocked(phase CertPhase, reason, csr string) (bool, CertState) {
+// setStateLocked is setState with c.mu held. It logs under the lock, so
+// that the log line is written by the time anyone sees the state.
+func (c *certSlot) setStateLocked(phase CertPhase, reason, csr string) {
 	changed := c.state.Phase != phase || c.state.Reason != reason
 	if changed {
 		c.state.Since = c.clock.Now()
@@ -103,12 +99,10 @@ func (c *certSlot) setStateLocked(phase CertPhase, reason, csr string) (bool, Ce
 		c.state.Subject = c.cert.Leaf.Subject.String()
 		c.state.NotAfter, c.state.RenewAt = c.cert.Leaf.NotAfter, c.renewAt
 	}
-	return changed, c.state
-}
-
-// logState logs a state that changed, with c.mu held, so that the log
-// line is written by the time anyone sees the state.
-func (c *certSlot) logState(s CertState) {
+	if !changed {
+		return
+	}
+	s := c.state
 	switch s.Phase {
 	case CertValid:
 		c.log.Info(c.what+" certificate in use", append([]any{"subject", s.Subject, "notAfter", s.NotAfter, "renewAt", s.RenewAt}, c.logAttrs...)...)
