@@ -32,8 +32,8 @@ type Config struct {
 	ManifestDir string
 	// SocketPath is the local status socket; empty serves none.
 	SocketPath string
-	// ManifestInterval is how often the manifest directory is re-read
-	// (default 20s, as kubelet's file source).
+	// ManifestInterval is how often the manifest directory is looked at
+	// while it cannot be watched through inotify (default 1s).
 	ManifestInterval time.Duration
 	// Version is reported in status.
 	Version string
@@ -77,6 +77,8 @@ type Agent struct {
 	manifestErrors []string
 	lastSync       time.Time
 	manifestPrint  string
+
+	watchErr string // why the manifest dir is not watched; owned by Run
 }
 
 // New checks cfg and returns an agent; it starts nothing.
@@ -120,9 +122,21 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 	}
 	a.deps.Log.Info("agent started", "node", a.cfg.NodeName, "manifestDir", a.cfg.ManifestDir, "store", a.deps.Store.Path())
-	tick := a.deps.Clock.NewTicker(a.cfg.ManifestInterval)
-	defer tick.Stop()
-	if err := a.SyncManifests(); err != nil {
+	// The manifest directory is watched through inotify: a change is read
+	// once its burst of events has settled, and every fullResync the
+	// files are read anyway. While it cannot be watched (it does not
+	// exist yet, or inotify is out of watches) it is looked at every
+	// ManifestInterval.
+	var watch *manifestWatch
+	defer func() {
+		if watch != nil {
+			watch.Close()
+		}
+	}()
+	watch = a.watchManifests()
+	timer := a.deps.Clock.NewTimer(a.manifestWait(watch))
+	defer timer.Stop()
+	if err := a.syncManifests(false); err != nil {
 		a.deps.Log.Error("sync manifests", "err", err)
 	}
 	a.beat()
@@ -134,25 +148,97 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer func() { stopPods(); <-podsDone }()
 	}
 	for {
+		var changed, ended <-chan struct{}
+		if watch != nil {
+			changed, ended = watch.changed, watch.done
+		}
+		force := false
 		select {
 		case <-ctx.Done():
 			a.deps.Log.Info("agent stopping")
 			return nil
-		case <-tick.C():
+		case <-timer.C():
+			// Watched, this is the full resync: it also finds edits that
+			// raise no event here (the target of a symlinked manifest).
+			force = watch != nil
+		case <-changed:
+			if !a.settle(ctx) {
+				continue
+			}
+			select {
+			case <-changed:
+			default:
+			}
+			force = true
+		case <-ended:
+			// The directory was removed or renamed: poll until it is back.
+			watch.Close()
+			watch = nil
+			force = true
 		}
-		if err := a.SyncManifests(); err != nil {
+		if watch == nil {
+			if watch = a.watchManifests(); watch != nil {
+				force = true // what changed before the watch began
+			}
+		}
+		if err := a.syncManifests(force); err != nil {
 			a.deps.Log.Error("sync manifests", "err", err)
 		}
 		a.beat()
+		timer.Reset(a.manifestWait(watch))
 	}
+}
+
+// manifestSettle is how long the agent lets a burst of inotify events
+// (an editor's save: write, close, rename) settle before reading.
+const manifestSettle = 100 * time.Millisecond
+
+// settle waits manifestSettle; it returns false when ctx ends first.
+func (a *Agent) settle(ctx context.Context) bool {
+	t := a.deps.Clock.NewTimer(manifestSettle)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
+}
+
+// manifestWait is how long the main loop waits for a change before it
+// looks at the manifests again.
+func (a *Agent) manifestWait(w *manifestWatch) time.Duration {
+	if w != nil {
+		return fullResync
+	}
+	return a.cfg.ManifestInterval
+}
+
+// watchManifests starts watching the manifest directory, or returns nil
+// when it cannot, logging why when that changes.
+func (a *Agent) watchManifests() *manifestWatch {
+	w, err := watchManifests(a.cfg.ManifestDir)
+	why := ""
+	if err != nil {
+		why = err.Error()
+	}
+	if why != a.watchErr {
+		if err != nil {
+			a.deps.Log.Info("manifest dir not watched; looking at it every interval", "interval", a.cfg.ManifestInterval, "err", err)
+		} else if a.watchErr != "" {
+			a.deps.Log.Info("manifest dir watched again", "dir", a.cfg.ManifestDir)
+		}
+		a.watchErr = why
+	}
+	return w
 }
 
 // Ready is closed once Run serves its status socket and has read the
 // manifests into the store: what a service manager is told as READY=1.
 func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
-// Heartbeat is when Run's main loop last went round (every
-// ManifestInterval); a watchdog pets only while it is recent, so a stuck
+// Heartbeat is when Run's main loop last went round (at least every
+// 20 s); a watchdog pets only while it is recent, so a stuck
 // loop gets the agent restarted.
 func (a *Agent) Heartbeat() time.Time { return time.Unix(0, a.heartbeat.Load()) }
 
@@ -197,14 +283,19 @@ func listenUnix(path string) (net.Listener, error) {
 // and the other pods of its file are recorded as usual. When the store
 // holds a good version of that pod from the same file, that one is kept
 // instead, as an API server keeps a pod whose update it rejects.
-func (a *Agent) SyncManifests() error {
-	// Re-parse only when a manifest file changed: the directory is looked
-	// at every second, so an edit shows within 2 s at almost no cost. An
-	// edit that keeps a file's size within one mtime tick would not show
-	// in the fingerprint, so every fullResync the files are read anyway.
+func (a *Agent) SyncManifests() error { return a.syncManifests(false) }
+
+// syncManifests is SyncManifests; force reads the files even when the
+// directory's fingerprint is unchanged, as after an inotify event.
+func (a *Agent) syncManifests(force bool) error {
+	// Without force, re-read only when the fingerprint changed (while
+	// the directory is polled every second, that keeps an idle agent
+	// cheap). An edit that keeps a file's size within one mtime tick
+	// does not show in the fingerprint, so every fullResync the files
+	// are read anyway.
 	print := manifestFingerprint(a.cfg.ManifestDir)
 	a.mu.Lock()
-	unchanged := print == a.manifestPrint && a.deps.Clock.Since(a.lastSync) < fullResync
+	unchanged := !force && print == a.manifestPrint && a.deps.Clock.Since(a.lastSync) < fullResync
 	a.mu.Unlock()
 	if unchanged {
 		return nil

@@ -130,20 +130,142 @@ func TestRunServesStatusAndFollowsManifests(t *testing.T) {
 		t.Fatalf("status = %+v", s)
 	}
 
-	// A new manifest is picked up on the next tick of the fake clock.
-	f.write(t, "db.yaml", pod("db", "busybox:2"))
-	// Run armed its ticker before the first sync, which we have seen.
+	// A new manifest is seen through inotify and read once its events
+	// have settled.
+	// Run armed its resync timer before the first sync, which we have seen.
 	if f.clock.Waiters() != 1 {
-		t.Fatalf("fake clock has %d waiters, want the agent's ticker", f.clock.Waiters())
+		t.Fatalf("fake clock has %d waiters, want the agent's resync timer", f.clock.Waiters())
 	}
+	f.write(t, "db.yaml", pod("db", "busybox:2"))
+	f.waitWaiters(t, 2, "the settle timer after a new manifest")
+	f.clock.Advance(manifestSettle)
+	select {
+	case <-changes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("new manifest not recorded once its events settled")
+	}
+	if got := f.podImages(t); len(got) != 2 {
+		t.Fatalf("pods = %v", got)
+	}
+}
+
+// waitWaiters waits until the fake clock has n active timers.
+func (f *fixture) waitWaiters(t *testing.T, n int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.clock.Waiters() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fake clock has %d waiters, want %d: %s", f.clock.Waiters(), n, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runAgent runs the fixture's agent until the test ends.
+func (f *fixture) runAgent(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.agent.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	<-f.agent.Ready()
+}
+
+// Only manifest names wake the agent: an editor's swap file, a backup or
+// a dotfile arms no timer and is never read, while the manifest the
+// editor then writes is.
+func TestRunWatchIgnoresOtherNames(t *testing.T) {
+	f := newFixture(t)
+	changes, stop := f.st.Subscribe(store.KindPod)
+	defer stop()
+	f.runAgent(t)
+	f.waitWaiters(t, 1, "the resync timer")
+	for _, name := range []string{".web.yaml.swp", "web.yaml.bak", "web.yaml~", ".hidden.yaml", "notes.txt"} {
+		f.write(t, name, pod("web", "busybox:1"))
+	}
+	os.Remove(filepath.Join(f.dir, "notes.txt"))
+	time.Sleep(200 * time.Millisecond)
+	if n := f.clock.Waiters(); n != 1 {
+		t.Fatalf("fake clock has %d waiters after writing other names, want only the resync timer", n)
+	}
+	// Written in place, as an editor without a rename does.
+	fd, err := os.Create(filepath.Join(f.dir, "web.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.WriteString(pod("web", "busybox:1"))
+	fd.Close()
+	f.waitWaiters(t, 2, "the settle timer after web.yml was written")
+	f.clock.Advance(manifestSettle)
+	select {
+	case <-changes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("web.yml not recorded once its events settled")
+	}
+	if got := f.podImages(t); len(got) != 1 || got["web-n1"] != "busybox:1" {
+		t.Fatalf("pods = %v", got)
+	}
+}
+
+// A manifest directory that does not exist yet is looked at every
+// ManifestInterval; once it exists it is read and then watched. When it
+// is removed, its pods go and the agent polls again until it is back.
+func TestRunPollsUntilTheDirectoryExists(t *testing.T) {
+	f := newFixture(t)
+	os.Remove(f.dir)
+	changes, stop := f.st.Subscribe(store.KindPod)
+	defer stop()
+	f.runAgent(t)
+	f.waitWaiters(t, 1, "the poll timer")
+	os.Mkdir(f.dir, 0o755)
+	f.write(t, "web.yaml", pod("web", "busybox:1"))
 	f.clock.Advance(time.Second)
 	select {
 	case <-changes:
 	case <-time.After(10 * time.Second):
-		t.Fatal("new manifest not recorded after a tick")
+		t.Fatal("manifest in a new directory not recorded after a poll")
 	}
-	if got := f.podImages(t); len(got) != 2 {
-		t.Fatalf("pods = %v", got)
+	// Now watched: an edit is read without the poll.
+	f.waitWaiters(t, 1, "the resync timer")
+	f.write(t, "web.yaml", pod("web", "busybox:22"))
+	f.waitWaiters(t, 2, "the settle timer after an edit")
+	f.clock.Advance(manifestSettle)
+	select {
+	case <-changes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("edit not recorded once its events settled")
+	}
+	if got := f.podImages(t)["web-n1"]; got != "busybox:22" {
+		t.Fatalf("image = %q after the edit", got)
+	}
+	// The directory goes: so do its pods.
+	if err := os.RemoveAll(f.dir); err != nil {
+		t.Fatal(err)
+	}
+	f.waitWaiters(t, 2, "the settle timer after the directory went")
+	f.clock.Advance(manifestSettle)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(f.podImages(t)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("pods of a removed directory kept: %v", f.podImages(t))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Polled again, and watched again once it is back.
+	f.waitWaiters(t, 1, "the poll timer")
+	os.Mkdir(f.dir, 0o755)
+	f.write(t, "db.yaml", pod("db", "busybox:3"))
+	f.clock.Advance(time.Second)
+	deadline = time.Now().Add(10 * time.Second)
+	for f.podImages(t)["db-n1"] != "busybox:3" {
+		if time.Now().After(deadline) {
+			t.Fatalf("manifest in the recreated directory not recorded: %v", f.podImages(t))
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
