@@ -47,7 +47,8 @@ const (
 // BenchmarkKubePodStartup runs the agent (the real binary, in a network
 // namespace of its own, on a private containerd, with the node identity)
 // against a real API server. Once its Node is Ready, 30 pods bound to it
-// (the local test image, a sleeping container) are created at once, and
+// (the local test image, a sleeping container) are created at once (or
+// paced, below), and
 // an admin watch on the node's pods, started before, notes when each
 // shows phase Running. It reports, in ms, p50, p99 and the slowest of the
 // times from each create request's answer to that watch event (the
@@ -60,6 +61,8 @@ const (
 //
 // The environment tunes it:
 //   - BENCH_PODS=N creates N pods instead of 30;
+//   - BENCH_POD_RATE=R creates them at R pods per second instead of all
+//     at once;
 //   - BENCH_OUTPOST=PATH runs that agent binary instead of the one
 //     TestMain builds (with cgo, symbols and DWARF): `make build`'s
 //     bin/outpost is static and stripped, as shipped;
@@ -168,7 +171,11 @@ func runPodStartup(b *testing.B, iter int) map[string]float64 {
 	b.StartTimer()
 	var wg sync.WaitGroup
 	errs := make(chan error, startupPods)
-	for _, name := range names {
+	gap := benchPodGap(b)
+	for j, name := range names {
+		if j > 0 && gap > 0 {
+			time.Sleep(gap)
+		}
 		pod := apiPod(name, n.name, "exec sleep 3600")
 		wg.Go(func() {
 			sent := time.Now()
@@ -288,6 +295,20 @@ func benchPods(b *testing.B) int {
 		b.Fatalf("BENCH_PODS=%q: want a number of pods, at least 1", v)
 	}
 	return n
+}
+
+// benchPodGap is the time between two pod creates: none (all at once)
+// unless BENCH_POD_RATE sets pods per second.
+func benchPodGap(b *testing.B) time.Duration {
+	v := os.Getenv("BENCH_POD_RATE")
+	if v == "" {
+		return 0
+	}
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r <= 0 {
+		b.Fatalf("BENCH_POD_RATE=%q: want pods per second, more than 0", v)
+	}
+	return time.Duration(float64(time.Second) / r)
 }
 
 // benchBin is the agent binary the benchmark runs.
