@@ -194,10 +194,16 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 		}
 		return l.Spec.RenewTime.Time
 	}
+	// The Node may be Ready before its Lease exists: the first renewal
+	// seen is then the one to compare with.
 	first := lease()
 	waitFor(t, 30*time.Second, "a renewed lease", func() (bool, string) {
 		r := lease()
-		return !first.IsZero() && r.After(first), fmt.Sprintf("renewTime %v, first %v", r, first)
+		if first.IsZero() {
+			first = r
+			return false, "no lease yet"
+		}
+		return r.After(first), fmt.Sprintf("renewTime %v, first %v", r, first)
 	})
 
 	// A pod from the API, with a config map from the API as its web root.
