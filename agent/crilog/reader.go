@@ -177,17 +177,16 @@ func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w
 		}
 		// A rotation renames the live file: once it is drained, go on with
 		// the file written after it, which may itself be rotated already.
-		if next := nextFile(path, live.f); next != "" {
+		if next := openNext(path, live.f); next != nil {
 			// The file is no longer written: what reached it between the
 			// scan above and the rotation is read before moving on.
 			if err := drain(); err != nil {
+				next.Close()
 				return ignoreLimit(err)
 			}
-			if f, err := os.Open(next); err == nil {
-				live.f.Close()
-				live = newTailer(f)
-				continue
-			}
+			live.f.Close()
+			live = newTailer(next)
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -197,19 +196,45 @@ func Read(ctx context.Context, path string, opts ReadOptions, clk clock.Clock, w
 	}
 }
 
-// nextFile returns the file to follow after cur once cur is no longer the
-// live log, or "" while cur is still live.
-func nextFile(path string, cur *os.File) string {
+// openNext opens the file to follow after cur once cur is no longer the
+// live log. It returns nil while cur is still live, or when the next file
+// cannot be opened yet (the caller looks again at its next poll).
+func openNext(path string, cur *os.File) *os.File {
 	curSt, err := cur.Stat()
 	if err != nil {
-		return ""
+		return nil
 	}
-	if st, err := os.Stat(path); err != nil || os.SameFile(st, curSt) {
+	for range 5 {
+		next := successor(path, curSt)
+		if next == "" {
+			return nil
+		}
+		f, err := os.Open(next)
+		if err != nil {
+			continue // rotated or removed meanwhile: look again
+		}
+		// A rotated file keeps its name, but the live one may have been
+		// rotated between the look and the open: what was opened would
+		// then be a later file, and the lines between lost. Keep it only
+		// if the live file is still what follows cur.
+		if next == path && successor(path, curSt) != path {
+			f.Close()
+			continue
+		}
+		return f
+	}
+	return nil
+}
+
+// successor names the file that follows the one with stat cur, or ""
+// while cur is still the live log.
+func successor(path string, cur os.FileInfo) string {
+	if st, err := os.Stat(path); err != nil || os.SameFile(st, cur) {
 		return ""
 	}
 	files := append(Rotated(path), path)
 	for i, f := range files[:len(files)-1] {
-		if st, err := os.Stat(f); err == nil && os.SameFile(st, curSt) {
+		if st, err := os.Stat(f); err == nil && os.SameFile(st, cur) {
 			return files[i+1]
 		}
 	}
