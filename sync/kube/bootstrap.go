@@ -304,8 +304,10 @@ func (b *Bootstrapper) request(ctx context.Context) error {
 // closes the connections made with the previous one, and sets the renewal
 // deadline.
 func (b *Bootstrapper) use(cert *tls.Certificate, csr string) {
-	b.install(cert, csr)
-	b.tracker.CloseAll()
+	// Connections made with the old certificate are closed before the
+	// state says the new one is in use: a request made after that
+	// presents the new one.
+	b.install(cert, csr, b.tracker.CloseAll)
 	// Ready only once the state says so, for whoever waited on it.
 	b.mu.Lock()
 	select {

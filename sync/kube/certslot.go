@@ -41,12 +41,18 @@ func (c *certSlot) State() CertState {
 // install makes cert the one in use, sets its renewal deadline and
 // records the state valid, with csr the request it came from, under one
 // lock: whoever sees the certificate sees its state, and its log line.
-func (c *certSlot) install(cert *tls.Certificate, csr string) {
+// swapped, when not nil, runs under that lock too, so whoever sees the
+// new state also sees what it did (the client closing the connections
+// made with the old certificate).
+func (c *certSlot) install(cert *tls.Certificate, csr string, swapped func()) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.cert = cert
 	c.renewAt = renewalDeadline(cert.Leaf, c.jitter())
+	if swapped != nil {
+		swapped()
+	}
 	c.setStateLocked(CertValid, "", csr)
-	c.mu.Unlock()
 }
 
 // run calls request when there is no certificate, and again when the

@@ -276,5 +276,5 @@ func (s *ServingCerts) request(ctx context.Context) error {
 // use makes cert (issued for the request csr, if any) the one served and
 // sets the renewal deadline.
 func (s *ServingCerts) use(cert *tls.Certificate, csr string) {
-	s.install(cert, csr)
+	s.install(cert, csr, nil)
 }
