@@ -137,13 +137,7 @@ func TestRunServesStatusAndFollowsManifests(t *testing.T) {
 		t.Fatalf("fake clock has %d waiters, want the agent's resync timer", f.clock.Waiters())
 	}
 	f.write(t, "db.yaml", pod("db", "busybox:2"))
-	f.waitWaiters(t, 2, "the settle timer after a new manifest")
-	f.clock.Advance(manifestSettle)
-	select {
-	case <-changes:
-	case <-time.After(10 * time.Second):
-		t.Fatal("new manifest not recorded once its events settled")
-	}
+	f.settled(t, changes, "a new manifest")
 	if got := f.podImages(t); len(got) != 2 {
 		t.Fatalf("pods = %v", got)
 	}
@@ -158,6 +152,19 @@ func (f *fixture) waitWaiters(t *testing.T, n int, what string) {
 			t.Fatalf("fake clock has %d waiters, want %d: %s", f.clock.Waiters(), n, what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// settled lets the settle timer the agent armed after a change in its
+// manifest directory fire, then waits for the store change that follows.
+func (f *fixture) settled(t *testing.T, changes <-chan struct{}, what string) {
+	t.Helper()
+	f.waitWaiters(t, 2, "the settle timer after "+what)
+	f.clock.Advance(manifestSettle)
+	select {
+	case <-changes:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s not recorded once its events settled", what)
 	}
 }
 
@@ -199,13 +206,7 @@ func TestRunWatchIgnoresOtherNames(t *testing.T) {
 	}
 	fd.WriteString(pod("web", "busybox:1"))
 	fd.Close()
-	f.waitWaiters(t, 2, "the settle timer after web.yml was written")
-	f.clock.Advance(manifestSettle)
-	select {
-	case <-changes:
-	case <-time.After(10 * time.Second):
-		t.Fatal("web.yml not recorded once its events settled")
-	}
+	f.settled(t, changes, "web.yml written in place")
 	if got := f.podImages(t); len(got) != 1 || got["web-n1"] != "busybox:1" {
 		t.Fatalf("pods = %v", got)
 	}
@@ -232,13 +233,7 @@ func TestRunPollsUntilTheDirectoryExists(t *testing.T) {
 	// Now watched: an edit is read without the poll.
 	f.waitWaiters(t, 1, "the resync timer")
 	f.write(t, "web.yaml", pod("web", "busybox:22"))
-	f.waitWaiters(t, 2, "the settle timer after an edit")
-	f.clock.Advance(manifestSettle)
-	select {
-	case <-changes:
-	case <-time.After(10 * time.Second):
-		t.Fatal("edit not recorded once its events settled")
-	}
+	f.settled(t, changes, "an edit")
 	if got := f.podImages(t)["web-n1"]; got != "busybox:22" {
 		t.Fatalf("image = %q after the edit", got)
 	}
