@@ -18,7 +18,7 @@ type manifestWatch struct {
 	f *os.File
 	// changed holds a token once a manifest file was created, written,
 	// renamed, removed or had its attributes changed, or the kernel's
-	// event queue overflowed.
+	// event queue overflowed (not when the directory itself went: done).
 	changed chan struct{}
 	// done is closed when the watch has ended: Close was called, or the
 	// directory was removed or renamed, or reading failed.
@@ -69,8 +69,7 @@ func (w *manifestWatch) read() {
 			off += unix.SizeofInotifyEvent + int(ev.Len)
 			switch {
 			case ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0:
-				ended = true
-				w.notify()
+				ended = true // done says so; the agent reads at once
 			case ev.Mask&unix.IN_Q_OVERFLOW != 0:
 				w.notify()
 			case staticpods.IsManifest(string(bytes.TrimRight(name, "\x00"))):
