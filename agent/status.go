@@ -103,14 +103,20 @@ type ProxyInfo struct {
 
 // LinkInfo is the state of the connection to the API server.
 type LinkInfo struct {
-	// Server is the API server's URL.
+	// Transport is "mqtt" for a node synced through an MQTT broker,
+	// empty for the API server.
+	Transport string `json:"transport,omitempty"`
+	// Server is the API server's URL, or the MQTT broker's.
 	Server string `json:"server"`
-	// Connected reports whether the last Lease renewal succeeded.
+	// Connected reports whether the last Lease renewal succeeded (for
+	// MQTT: whether the broker connection is up).
 	Connected bool `json:"connected"`
 	// Since is when Connected last changed.
 	Since time.Time `json:"since"`
 	// LastLease is when the Lease was last renewed.
 	LastLease time.Time `json:"lastLease,omitzero"`
+	// LastPublish is when the MQTT broker last acknowledged a status.
+	LastPublish time.Time `json:"lastPublish,omitzero"`
 	// LastError is the newest failed request, and when it failed.
 	LastError   string    `json:"lastError,omitempty"`
 	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`

@@ -62,8 +62,9 @@ func (p *LocalPod) conditions() (ready, serving, terminating bool) {
 //
 // Headless and ExternalName Services yield nothing, nor does a port with
 // neither a cluster IP nor a node port. The endpoints of a Service from
-// the API server are those of its EndpointSlices; those of a standalone
-// Service (from a manifest or MQTT) are the local pods its selector
+// the API server, or from MQTT (the bridge publishes the API's Services
+// with their EndpointSlices), are those of its EndpointSlices; those of a
+// standalone Service (from a manifest) are the local pods its selector
 // matches. Either way, an endpoint that is a local pod has the
 // conditions the agent sees now, not those of a possibly stale slice.
 func Build(in Inputs) ([]ServicePort, []error) {
@@ -116,7 +117,7 @@ func BuildCached(in Inputs, cache *BuildCache) ([]ServicePort, []error) {
 			continue
 		}
 		b := builder{in: &in, pods: pods, svc: svc, key: store.Key(svc.Namespace, svc.Name)}
-		if rec.Source == store.SourceAPI {
+		if rec.Source == store.SourceAPI || rec.Source == store.SourceMQTT {
 			b.slices = slicesOf[b.key]
 		} else {
 			b.standalone = true

@@ -434,7 +434,7 @@ default/exporter/tcp/9100 TCP port=9100 clusterIPs=10.96.0.91
 		},
 		{
 			name: "standalone service: target port unset, by number, by name (with its protocol, sidecars too)",
-			services: records(store.SourceMQTT, service("web", []string{"10.96.0.10"}, []corev1.ServicePort{
+			services: records(store.SourceStatic, service("web", []string{"10.96.0.10"}, []corev1.ServicePort{
 				{Name: "plain", Port: 80},
 				{Name: "num", Port: 81, TargetPort: intstr.FromInt32(9081)},
 				{Name: "named", Port: 82, TargetPort: intstr.FromString("http")},

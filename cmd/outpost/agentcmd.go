@@ -83,6 +83,10 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	msync, err := newMQTTSync(cfg, st, clk, log, nf.facts)
+	if err != nil {
+		return err
+	}
 	if err := board.MemoryCgroupError(); err != nil {
 		log.Warn("board check", "err", err, "cgroup", board.Cgroup)
 	}
@@ -102,8 +106,11 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
-	if ksync != nil {
+	switch {
+	case ksync != nil:
 		deps.Link = ksync.linkInfo
+	case msync != nil:
+		deps.Link = msync.linkInfo
 	}
 	var images *imageDir
 	var px *proxy.Proxy // nil with --record-only
@@ -173,17 +180,25 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	running.Store(a)
-	if ksync != nil {
+	if ksync != nil || msync != nil {
 		nf.agent, nf.rt, nf.hostIP = a, rt, acfg.Pods.HostIP
 		if rt != nil {
 			nf.version, _ = rt.Version(ctx)
 		}
+	}
+	if ksync != nil {
 		a.OnEvent(func(p *corev1.Pod, e agent.Event) { ksync.Event(p, e.Type, e.Reason, e.Message, e.Time) })
 		kctx, stopKube := context.WithCancel(ctx)
 		wait := ksync.run(kctx)
 		defer func() { stopKube(); wait() }()
 	}
-	api, err := newKubeletAPI(cfg, a, ksync, acfg.Pods.HostIP, metricsWriter(a, st, ksync, px, deps.BoardHealth), stats.New(stats.Options{NodeName: cfg.NodeName, Clock: clk}), clk, log)
+	if msync != nil {
+		a.OnEvent(func(p *corev1.Pod, e agent.Event) { msync.Event(p, e.Type, e.Reason, e.Message, e.Time) })
+		mctx, stopMQTT := context.WithCancel(ctx)
+		wait := msync.run(mctx)
+		defer func() { stopMQTT(); wait() }()
+	}
+	api, err := newKubeletAPI(cfg, a, ksync, acfg.Pods.HostIP, metricsWriter(a, st, ksync, msync, px, deps.BoardHealth), stats.New(stats.Options{NodeName: cfg.NodeName, Clock: clk}), clk, log)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func TestStatusLinkLine(t *testing.T) {
 		backlog int
 		want    string
 	}{
-		{"standalone", nil, 0, "standalone (no kubeconfig)"},
+		{"standalone", nil, 0, "standalone (no kubeconfig, no mqtt)"},
 		{"connected", &agent.LinkInfo{Server: "https://api:6443", Connected: true, Since: since, LastLease: now.Add(-3 * time.Second)}, 0,
 			"connected to https://api:6443 since 2026-11-30T11:00:00Z, lease renewed 3s ago"},
 		{"offline", &agent.LinkInfo{Server: "https://api:6443", Since: since, LastLease: since, LastError: "dial tcp: connection refused", LastErrorAt: now.Add(-2 * time.Second)}, 7,

@@ -35,6 +35,7 @@ Usage:
                                          import OCI or docker-archive images
   outpost config check [--config FILE]   validate a config file and print
                                          the effective configuration
+  outpost mqtt decode < PAYLOAD          print an outpost MQTT payload as YAML
   outpost version                        print version information
 
 FILE defaults to /etc/outpost/config.yaml when that file exists.
@@ -88,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return usageError{errors.New("usage: outpost config check [--config FILE]")}
 		}
 		return runConfigCheck(args[2:], stdout)
+	case "mqtt":
+		return runMQTT(args[1:], os.Stdin, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

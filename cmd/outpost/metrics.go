@@ -13,10 +13,10 @@ import (
 
 // metricsWriter returns what fills the agent's /metrics: the build, the
 // agent's pods, the store, the API sync, the service proxy, the board's
-// sensors and the process. Each of a, st, ks (standalone), px
+// sensors and the process. Each of a, st, ks and ms (standalone), px
 // (--record-only) and health may be nil; its families are then left out.
 // health is called once per scrape.
-func metricsWriter(a *agent.Agent, st *store.Store, ks *kubeSync, px *proxy.Proxy, health func() arm.Readings) func(p *promtext.Writer) {
+func metricsWriter(a *agent.Agent, st *store.Store, ks *kubeSync, ms *mqttSync, px *proxy.Proxy, health func() arm.Readings) func(p *promtext.Writer) {
 	return func(p *promtext.Writer) {
 		p.Family("outpost_build_info", "The outpost build: its version and the Go version it was built with.", promtext.Gauge)
 		p.Sample("outpost_build_info", 1, "version", version, "goversion", runtime.Version())
@@ -28,6 +28,9 @@ func metricsWriter(a *agent.Agent, st *store.Store, ks *kubeSync, px *proxy.Prox
 		}
 		if ks != nil && ks.Syncer != nil {
 			ks.WriteMetrics(p)
+		}
+		if ms != nil {
+			ms.WriteMetrics(p)
 		}
 		if px != nil {
 			px.WriteMetrics(p)

@@ -115,7 +115,7 @@ spec:
 
 	var b strings.Builder
 	p := promtext.New(&b)
-	metricsWriter(a, st, &kubeSync{Syncer: syncer}, px, health)(p)
+	metricsWriter(a, st, &kubeSync{Syncer: syncer}, nil, px, health)(p)
 	if err := p.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ spec:
 	// Standalone and --record-only: no API sync, no proxy, no board.
 	b.Reset()
 	p = promtext.New(&b)
-	metricsWriter(a, st, nil, nil, nil)(p)
+	metricsWriter(a, st, nil, nil, nil, nil)(p)
 	p.Flush()
 	checkFamilies(t, b.String())
 	fams, err = parser.TextToMetricFamilies(strings.NewReader(b.String()))

@@ -355,17 +355,24 @@ func printContainers(w io.Writer, st *corev1.PodStatus) {
 // it last renewed its Lease and what last failed.
 func linkLine(l *agent.LinkInfo, backlog int, now time.Time) string {
 	if l == nil {
-		return "standalone (no kubeconfig)"
+		return "standalone (no kubeconfig, no mqtt)"
 	}
 	ago := func(t time.Time) string { return now.Sub(t).Round(time.Second).String() + " ago" }
+	peer := l.Server
+	if l.Transport != "" {
+		peer = l.Transport + " " + l.Server
+	}
 	state := "offline since " + l.Since.Format(time.RFC3339)
 	if l.Connected {
-		state = "connected to " + l.Server + " since " + l.Since.Format(time.RFC3339)
+		state = "connected to " + peer + " since " + l.Since.Format(time.RFC3339)
 	} else {
-		state = l.Server + " " + state
+		state = peer + " " + state
 	}
 	if !l.LastLease.IsZero() {
 		state += ", lease renewed " + ago(l.LastLease)
+	}
+	if !l.LastPublish.IsZero() {
+		state += ", last publish " + ago(l.LastPublish)
 	}
 	if backlog > 0 {
 		state += fmt.Sprintf(", %d statuses to send", backlog)

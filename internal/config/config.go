@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outpost-edge/outpost/internal/yamlcheck"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -48,6 +50,9 @@ type Config struct {
 	// bootstrap credential used to request the node's client certificate
 	// when Kubeconfig has no valid one; empty disables it.
 	BootstrapKubeconfig string `json:"bootstrapKubeconfig"`
+	// MQTT syncs the node through an MQTT broker and `outpost bridge`
+	// instead of an API server; empty brokers leave it off.
+	MQTT MQTT `json:"mqtt"`
 	// Node describes the Node registered with the API server.
 	Node Node `json:"node"`
 	// API paces the connection to the API server.
@@ -71,6 +76,40 @@ type Containerd struct {
 	// ShimGroups is how many containerd shims the pods share; 0 gives
 	// every pod a shim of its own.
 	ShimGroups int `json:"shimGroups"`
+}
+
+// MQTT is the link to an MQTT broker (docs/mqtt.md).
+type MQTT struct {
+	// Brokers are the broker URLs, tried in order: ssl://host:8883 (or
+	// tls://, mqtts://) with TLS, tcp://host:1883 (or mqtt://) without.
+	Brokers []string `json:"brokers"`
+	// CAFile holds the CAs that sign the broker's certificate; empty
+	// uses the system's.
+	CAFile string `json:"caFile"`
+	// CertFile and KeyFile are the node's client certificate and key.
+	CertFile string `json:"certFile"`
+	KeyFile  string `json:"keyFile"`
+	// Username and PasswordFile, for a broker that asks for a password.
+	Username     string `json:"username"`
+	PasswordFile string `json:"passwordFile"`
+	// Keepalive is MQTT's keepalive, a duration (60s). A connection
+	// the broker sends nothing on for three of them is made anew.
+	Keepalive string `json:"keepalive"`
+	// ClientID is the MQTT client ID; default the node name.
+	ClientID string `json:"clientID"`
+	// Insecure allows a plain TCP broker that is not on the loopback.
+	Insecure bool `json:"insecure"`
+	// MaxMessageBytes refuses larger messages from the broker.
+	MaxMessageBytes int `json:"maxMessageBytes"`
+}
+
+// Enabled reports whether the node syncs through MQTT.
+func (m MQTT) Enabled() bool { return len(m.Brokers) > 0 }
+
+// KeepaliveDuration returns Keepalive (valid after Load or Parse).
+func (m MQTT) KeepaliveDuration() time.Duration {
+	d, _ := time.ParseDuration(m.Keepalive)
+	return d
 }
 
 // Node describes the Node outpost registers with the API server.
@@ -159,6 +198,7 @@ func Default() Config {
 		ContainerLogMaxSize:  "10Mi",
 		ContainerLogMaxFiles: 5,
 		Node:                 Node{Labels: map[string]string{}, Taints: []Taint{}, MaxPods: 110},
+		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20},
 		API:                  API{WriteQPS: 20, WriteBurst: 40},
 		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4},
 		Network: Network{
@@ -287,6 +327,7 @@ func (c Config) validate(name string) error {
 	if c.BootstrapKubeconfig != "" && c.BootstrapKubeconfig == c.Kubeconfig {
 		bad("bootstrapKubeconfig", "%q is also kubeconfig; the node's kubeconfig would overwrite the bootstrap credential", c.BootstrapKubeconfig)
 	}
+	c.MQTT.validate(bad, c.Kubeconfig != "" || c.BootstrapKubeconfig != "")
 	for k, v := range c.Node.Labels {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			bad("node.labels", "key %q is not a valid label key: %s", k, errs[0])
@@ -378,6 +419,72 @@ func (c Config) validate(name string) error {
 		return &Error{File: name, Problems: p}
 	}
 	return nil
+}
+
+// validate checks the mqtt section; withAPI says a kubeconfig is set.
+func (m MQTT) validate(bad func(string, string, ...any), withAPI bool) {
+	if withAPI && m.Enabled() {
+		bad("mqtt.brokers", "a node syncs through kubeconfig or through mqtt, never both: remove kubeconfig (and bootstrapKubeconfig) or mqtt.brokers")
+	}
+	var tlsUsed bool
+	for i, b := range m.Brokers {
+		field := fmt.Sprintf("mqtt.brokers[%d]", i)
+		u, err := url.Parse(b)
+		if err != nil || u.Host == "" || u.Port() == "" {
+			bad(field, "%q is not a URL like ssl://broker.example:8883", b)
+			continue
+		}
+		switch u.Scheme {
+		case "ssl", "tls", "mqtts", "tcps":
+			tlsUsed = true
+		case "tcp", "mqtt":
+			if !isLoopback(u.Hostname()) && !m.Insecure {
+				bad(field, "%q is plain TCP to a broker that is not on the loopback; use ssl:// (TLS), or set mqtt.insecure: true", b)
+			}
+		default:
+			bad(field, "%q: scheme %q is not ssl, tls, mqtts or tcp", b, u.Scheme)
+		}
+		if u.User != nil {
+			bad(field, "%q has credentials in it; use mqtt.username and mqtt.passwordFile", u.Redacted())
+		}
+	}
+	if !m.Enabled() {
+		return
+	}
+	for _, f := range []struct{ field, path string }{
+		{"mqtt.caFile", m.CAFile}, {"mqtt.certFile", m.CertFile}, {"mqtt.keyFile", m.KeyFile}, {"mqtt.passwordFile", m.PasswordFile},
+	} {
+		if f.path != "" && !filepath.IsAbs(f.path) {
+			bad(f.field, "%q is not an absolute path", f.path)
+		}
+	}
+	if (m.CertFile == "") != (m.KeyFile == "") {
+		bad("mqtt.keyFile", "mqtt.certFile and mqtt.keyFile go together")
+	}
+	if m.CertFile != "" && !tlsUsed {
+		bad("mqtt.certFile", "a client certificate needs a TLS broker (ssl://)")
+	}
+	if (m.Username == "") != (m.PasswordFile == "") {
+		bad("mqtt.passwordFile", "mqtt.username and mqtt.passwordFile go together")
+	}
+	if d, err := time.ParseDuration(m.Keepalive); err != nil || d < 5*time.Second || d > 30*time.Minute {
+		bad("mqtt.keepalive", "%q is not a duration from 5s to 30m (such as 60s)", m.Keepalive)
+	}
+	if len(m.ClientID) > 65535 {
+		bad("mqtt.clientID", "is longer than MQTT allows")
+	}
+	if m.MaxMessageBytes < 1024 || m.MaxMessageBytes > 256<<20 {
+		bad("mqtt.maxMessageBytes", "%d is not between 1024 and 268435456", m.MaxMessageBytes)
+	}
+}
+
+// isLoopback reports whether host is localhost or a loopback address.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 func checkCIDR(bad func(string, string, ...any), field, v string) (netip.Prefix, bool) {

@@ -54,6 +54,16 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		{"api: {writeBurst: 0}\n", "config.yaml: api.writeBurst: 0 is not between 1 and 10000"},
 		{"bootstrapKubeconfig: bootstrap.kubeconfig\n", `config.yaml: bootstrapKubeconfig: "bootstrap.kubeconfig" is not an absolute path`},
 		{"bootstrapKubeconfig: /etc/outpost/kc\nkubeconfig: /etc/outpost/kc\n", `config.yaml: bootstrapKubeconfig: "/etc/outpost/kc" is also kubeconfig`},
+		{"kubeconfig: /etc/outpost/kc\nmqtt: {brokers: ['ssl://b:8883']}\n", "config.yaml: mqtt.brokers: a node syncs through kubeconfig or through mqtt, never both"},
+		{"mqtt: {brokers: ['tcp://broker.example:1883']}\n", `config.yaml: mqtt.brokers[0]: "tcp://broker.example:1883" is plain TCP to a broker that is not on the loopback; use ssl:// (TLS), or set mqtt.insecure: true`},
+		{"mqtt: {brokers: ['ssl://b:8883', 'ws://b:80']}\n", `config.yaml: mqtt.brokers[1]: "ws://b:80": scheme "ws" is not ssl, tls, mqtts or tcp`},
+		{"mqtt: {brokers: ['broker:8883']}\n", `config.yaml: mqtt.brokers[0]: "broker:8883" is not a URL like ssl://broker.example:8883`},
+		{"mqtt: {brokers: ['ssl://b:8883'], certFile: /etc/outpost/node.crt}\n", "config.yaml: mqtt.keyFile: mqtt.certFile and mqtt.keyFile go together"},
+		{"mqtt: {brokers: ['ssl://b:8883'], caFile: ca.crt}\n", `config.yaml: mqtt.caFile: "ca.crt" is not an absolute path`},
+		{"mqtt: {brokers: ['ssl://b:8883'], keepalive: 1h}\n", `config.yaml: mqtt.keepalive: "1h" is not a duration from 5s to 30m (such as 60s)`},
+		{"mqtt: {brokers: ['ssl://b:8883'], username: pi}\n", "config.yaml: mqtt.passwordFile: mqtt.username and mqtt.passwordFile go together"},
+		{"mqtt: {brokers: ['ssl://b:8883'], maxMessageBytes: 10}\n", "config.yaml: mqtt.maxMessageBytes: 10 is not between 1024 and 268435456"},
+		{"mqtt: {brokers: ['ssl://user:pw@b:8883']}\n", "config.yaml: mqtt.brokers[0]: \"ssl://user:xxxxx@b:8883\" has credentials in it"},
 	}
 	for _, tt := range tests {
 		_, err := Parse("config.yaml", []byte(tt.src))
@@ -70,6 +80,22 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 
 // With a bootstrap kubeconfig the node's own kubeconfig is written, by
 // default into stateDir beside the certificate it names.
+func TestMQTTOnTheLoopbackNeedsNoTLS(t *testing.T) {
+	for _, b := range []string{"tcp://127.0.0.1:1883", "mqtt://localhost:1883", "tcp://[::1]:1883"} {
+		cfg, err := Parse("config.yaml", []byte("mqtt: {brokers: ['"+b+"']}\n"))
+		if err != nil {
+			t.Errorf("%s: %v", b, err)
+			continue
+		}
+		if !cfg.MQTT.Enabled() || cfg.MQTT.KeepaliveDuration() != 60e9 || cfg.MQTT.MaxMessageBytes != 1<<20 {
+			t.Errorf("%s: mqtt = %+v", b, cfg.MQTT)
+		}
+	}
+	if _, err := Parse("config.yaml", []byte("mqtt: {brokers: ['tcp://10.1.2.3:1883'], insecure: true}\n")); err != nil {
+		t.Errorf("insecure: %v", err)
+	}
+}
+
 func TestBootstrapKubeconfigPlacesKubeconfig(t *testing.T) {
 	tests := []struct{ src, kubeconfig, certDir string }{
 		{"", "", "/var/lib/outpost/pki"},

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
+	"github.com/outpost-edge/outpost/sync/mqtt"
+)
+
+// mqttSync is the MQTT sync and the byte counter of its connections.
+type mqttSync struct {
+	*mqtt.Syncer
+	wire *mqtt.ByteCounter
+}
+
+// newMQTTSync reads the mqtt section's files and returns the MQTT sync,
+// or nil when the node does not use MQTT. A file that cannot be used is
+// a usage error (exit 2) naming the field and the file; an unreachable
+// broker is not an error at all.
+func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.Logger, facts func() kube.NodeFacts) (*mqttSync, error) {
+	m := cfg.MQTT
+	if !m.Enabled() {
+		return nil, nil
+	}
+	tc, err := mqttTLS(m)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	var password string
+	if m.PasswordFile != "" {
+		b, err := os.ReadFile(m.PasswordFile)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("mqtt.passwordFile: %w", err)}
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	clientID := m.ClientID
+	if clientID == "" {
+		clientID = cfg.NodeName
+	}
+	wire := &mqtt.ByteCounter{}
+	dial := mqtt.PahoDialer(mqtt.PahoConfig{
+		Brokers: m.Brokers, TLS: tc, ClientID: clientID, Username: m.Username, Password: password,
+		KeepAlive: m.KeepaliveDuration(), Counter: wire,
+	})
+	s, err := mqtt.New(mqtt.Config{
+		NodeName: cfg.NodeName, Broker: m.Brokers[0], KeepAlive: m.KeepaliveDuration(), MaxMessageBytes: m.MaxMessageBytes,
+	}, mqtt.Deps{
+		Dial: dial, Store: st, Clock: clk, Log: log.With("component", "mqtt"), Wire: wire,
+		NodeFacts: func() mqtt.NodeFacts {
+			f := facts()
+			return mqtt.NodeFacts{Labels: f.Labels, Status: f.Status}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &mqttSync{Syncer: s, wire: wire}, nil
+}
+
+// mqttTLS is the TLS configuration of the mqtt section: its CAs (else
+// the system's) and the node's client certificate.
+func mqttTLS(m config.MQTT) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if m.CAFile != "" {
+		pem, err := os.ReadFile(m.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("mqtt.caFile: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("mqtt.caFile %s: no PEM certificate in it", m.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if m.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(m.CertFile, m.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("mqtt.certFile %s, mqtt.keyFile %s: %w", m.CertFile, m.KeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// run runs the sync until ctx ends; the returned func waits for it.
+func (m *mqttSync) run(ctx context.Context) (wait func()) {
+	var wg sync.WaitGroup
+	wg.Go(func() { m.Syncer.Run(ctx) })
+	return wg.Wait
+}
+
+// linkInfo adapts the syncer's link state to the agent's status.
+func (m *mqttSync) linkInfo() agent.LinkInfo {
+	l := m.Link()
+	return agent.LinkInfo{
+		Transport: "mqtt", Server: l.Broker, Connected: l.Connected, Since: l.Since,
+		LastPublish: l.LastPublish, LastError: l.LastError, LastErrorAt: l.LastErrorAt,
+	}
+}

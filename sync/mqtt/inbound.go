@@ -1,0 +1,323 @@
+package mqtt
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+const (
+	// maxInboxBytes bounds the messages waiting to be applied; past it
+	// a message is dropped (and acknowledged), and the indexes are read
+	// again once the inbox has room, which fetches what was dropped.
+	maxInboxBytes = 16 << 20
+	// indexSettle is how long the node waits after an index for the
+	// messages queued before it, so it does not fetch what is already
+	// on its way; settling never takes longer than indexSettleMax.
+	indexSettle    = time.Second
+	indexSettleMax = 5 * time.Second
+	// fetchTimeout bounds how long a fetch subscription of one object
+	// waits for its retained message.
+	fetchTimeout = 30 * time.Second
+	// fetchBatch is how many topics one SUBSCRIBE of a fetch names.
+	fetchBatch = 64
+)
+
+// inbox hands messages from paho's goroutine to the session's processor
+// without ever blocking paho.
+type inbox struct {
+	mu       sync.Mutex
+	msgs     []Message
+	bytes    int
+	limit    int
+	overflow bool
+	wake     chan struct{}
+}
+
+func newInbox(limit int) *inbox { return &inbox{limit: limit, wake: make(chan struct{}, 1)} }
+
+// put is the Dialer's handler: it queues m and returns.
+func (in *inbox) put(m Message) {
+	in.mu.Lock()
+	if in.bytes+len(m.Payload) > in.limit {
+		in.overflow = true
+		in.mu.Unlock()
+		if m.Ack != nil {
+			m.Ack()
+		}
+		return
+	}
+	in.msgs = append(in.msgs, m)
+	in.bytes += len(m.Payload)
+	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the queued messages and whether any was dropped since the
+// last take.
+func (in *inbox) take() ([]Message, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	msgs, over := in.msgs, in.overflow
+	in.msgs, in.bytes, in.overflow = nil, 0, false
+	return msgs, over
+}
+
+// processor is the state of one session's inbound side, owned by its
+// goroutine.
+type processor struct {
+	s    *Syncer
+	conn Conn
+	// pending are the indexes received and not yet reconciled; settle
+	// fires when they are due, at the latest settleBy.
+	pending  map[Scope]Index
+	settleBy time.Time
+	// fetched are the topics subscribed one by one to fetch their
+	// retained object; they are unsubscribed once none is awaited any
+	// more, or at fetchBy.
+	fetched  []string
+	awaiting map[string]bool
+	fetchBy  time.Time
+}
+
+// process applies the connection's messages to the store until ctx ends.
+func (s *Syncer) process(ctx context.Context, conn Conn, in *inbox) error {
+	p := &processor{s: s, conn: conn, pending: map[Scope]Index{}, awaiting: map[string]bool{}}
+	settle := s.deps.Clock.NewTimer(time.Hour)
+	settle.Stop()
+	fetch := s.deps.Clock.NewTimer(time.Hour)
+	fetch.Stop()
+	defer settle.Stop()
+	defer fetch.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-in.wake:
+			msgs, overflow := in.take()
+			for _, m := range msgs {
+				if err := p.handle(ctx, m); err != nil {
+					return err
+				}
+			}
+			if overflow {
+				s.log.Warn("mqtt: messages dropped while the store caught up; reading the indexes again")
+				if err := s.request(ctx, func(ctx context.Context) error {
+					return conn.Subscribe(ctx, NodeIndexTopic(s.cfg.NodeName), ClusterIndexTopic)
+				}); err != nil {
+					return err
+				}
+			}
+			if len(p.pending) > 0 {
+				settle.Reset(max(0, min(indexSettle, p.settleBy.Sub(s.deps.Clock.Now()))))
+			}
+		case <-settle.C():
+			if err := p.reconcile(ctx); err != nil {
+				return err
+			}
+		case <-fetch.C():
+		}
+		if err := p.endFetches(ctx); err != nil {
+			return err
+		}
+		if len(p.fetched) > 0 {
+			fetch.Reset(max(0, p.fetchBy.Sub(s.deps.Clock.Now())))
+		}
+	}
+}
+
+// handle applies one message and acknowledges it. Only a failed publish
+// (the connection is suspect) is an error.
+func (p *processor) handle(ctx context.Context, m Message) error {
+	s := p.s
+	defer func() {
+		if m.Ack != nil {
+			m.Ack()
+		}
+	}()
+	t, err := ParseTopic(m.Topic)
+	if err != nil {
+		s.m.reject(rejectTopic, "other")
+		s.log.Warn("mqtt message refused", "topic", m.Topic, "reason", rejectTopic, "err", err)
+		return nil
+	}
+	kind := t.kindLabel()
+	s.m.in(kind, len(m.Topic)+len(m.Payload))
+	if t.Scope == 0 || (t.Scope == ScopeNode && t.Node != s.cfg.NodeName) {
+		s.m.reject(rejectNode, kind)
+		s.log.Warn("mqtt message refused", "topic", m.Topic, "reason", rejectNode, "err", "not a desired topic of this node")
+		return nil
+	}
+	if t.Index {
+		p.handleIndex(t, m.Payload)
+		return nil
+	}
+	delete(p.awaiting, m.Topic)
+	res, err := applyDesired(s.deps.Store, s.cfg.NodeName, t, m.Payload, s.cfg.MaxMessageBytes)
+	if err != nil {
+		var r *rejected
+		reason := "store"
+		if errors.As(err, &r) {
+			reason = r.reason
+		}
+		s.m.reject(reason, kind)
+		s.log.Warn("mqtt message refused; the store keeps what it had", "topic", m.Topic, "reason", reason, "err", err)
+		return nil
+	}
+	switch res {
+	case applyStored:
+		s.log.Debug("mqtt: desired object stored", "topic", m.Topic)
+	case applyDeleted:
+		s.log.Info("mqtt: desired object deleted", "topic", m.Topic)
+		if t.Kind == KindPods {
+			return p.clearStatus(ctx, t.Namespace, t.Name)
+		}
+	case applyStale:
+		s.m.stale.Add(1)
+		s.log.Debug("mqtt: older generation than the store's ignored", "topic", m.Topic)
+	}
+	return nil
+}
+
+func (p *processor) handleIndex(t Topic, payload []byte) {
+	s := p.s
+	if len(payload) == 0 {
+		return // no index published (yet): nothing to compare
+	}
+	if len(payload) > s.cfg.MaxMessageBytes {
+		s.m.reject(rejectSize, "index")
+		s.log.Warn("mqtt index refused", "topic", t.String(), "reason", rejectSize, "bytes", len(payload))
+		return
+	}
+	e, err := UnmarshalEnvelope(payload)
+	var x Index
+	if err == nil {
+		x, err = ParseIndex(e, t.Scope)
+	}
+	if err != nil {
+		s.m.reject(rejectEnvelope, "index")
+		s.log.Warn("mqtt index refused", "topic", t.String(), "reason", rejectEnvelope, "err", err)
+		return
+	}
+	if old, ok := p.pending[t.Scope]; ok && old.Generation > x.Generation {
+		return
+	}
+	if len(p.pending) == 0 {
+		p.settleBy = s.deps.Clock.Now().Add(indexSettleMax)
+	}
+	p.pending[t.Scope] = x
+}
+
+// reconcile compares the pending indexes with the store: objects the
+// index lists with a newer generation are fetched, objects it no longer
+// lists (and that are older than it) are deleted.
+func (p *processor) reconcile(ctx context.Context) error {
+	s := p.s
+	for _, scope := range []Scope{ScopeNode, ScopeCluster} {
+		x, ok := p.pending[scope]
+		if !ok {
+			continue
+		}
+		delete(p.pending, scope)
+		stored, err := storedGenerations(s.deps.Store, scope)
+		if err != nil {
+			s.log.Warn("mqtt: read the store for the index; skipping what cannot be read", "err", err)
+		}
+		var fetch []string
+		for _, key := range slices.Sorted(maps.Keys(x.Entries)) {
+			if g, ok := stored[key]; ok && g >= x.Entries[key] {
+				continue
+			}
+			t, err := keyTopic(key)
+			if err != nil {
+				continue
+			}
+			t.Node = s.cfg.NodeName
+			fetch = append(fetch, t.String())
+		}
+		var deleted int
+		for key, g := range stored {
+			if _, listed := x.Entries[key]; listed || g > x.Generation {
+				continue
+			}
+			t, err := keyTopic(key)
+			if err != nil {
+				continue
+			}
+			ok, err := opsFor(s.deps.Store, t.Kind).deleteMQTT(t.Namespace, t.Name)
+			if err != nil {
+				s.log.Warn("mqtt: delete an object the index no longer lists", "object", key, "err", err)
+				continue
+			}
+			if ok {
+				deleted++
+			}
+			if ok && t.Kind == KindPods {
+				if err := p.clearStatus(ctx, t.Namespace, t.Name); err != nil {
+					return err
+				}
+			}
+		}
+		s.m.indexes.Add(1)
+		if len(fetch) > 0 || deleted > 0 {
+			s.log.Info("mqtt: index read", "scope", scopeName(scope), "objects", len(x.Entries), "fetch", len(fetch), "deleted", deleted)
+		}
+		for len(fetch) > 0 {
+			n := min(len(fetch), fetchBatch)
+			batch := fetch[:n]
+			fetch = fetch[n:]
+			if err := s.request(ctx, func(ctx context.Context) error { return p.conn.Subscribe(ctx, batch...) }); err != nil {
+				return err
+			}
+			s.m.fetches.Add(uint64(len(batch)))
+			p.fetched = append(p.fetched, batch...)
+			for _, t := range batch {
+				p.awaiting[t] = true
+			}
+			p.fetchBy = s.deps.Clock.Now().Add(fetchTimeout)
+		}
+	}
+	return nil
+}
+
+// endFetches unsubscribes the fetch subscriptions once every object
+// came, or once fetchBy passed.
+func (p *processor) endFetches(ctx context.Context) error {
+	if len(p.fetched) == 0 || (len(p.awaiting) > 0 && p.s.deps.Clock.Now().Before(p.fetchBy)) {
+		return nil
+	}
+	if len(p.awaiting) > 0 {
+		p.s.log.Warn("mqtt: objects the index lists did not come; the bridge publishes them again", "missing", len(p.awaiting))
+	}
+	topics := p.fetched
+	p.fetched = nil
+	clear(p.awaiting)
+	for len(topics) > 0 {
+		n := min(len(topics), fetchBatch)
+		batch := topics[:n]
+		topics = topics[n:]
+		if err := p.s.request(ctx, func(ctx context.Context) error { return p.conn.Unsubscribe(ctx, batch...) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clearStatus removes the retained status of a pod no longer desired, so
+// a bridge started later finds no status of it.
+func (p *processor) clearStatus(ctx context.Context, namespace, name string) error {
+	return p.s.publish(ctx, p.conn, PodStatusTopic(p.s.cfg.NodeName, namespace, name), true, nil, "status-pods")
+}
+
+func scopeName(s Scope) string {
+	if s == ScopeCluster {
+		return "cluster"
+	}
+	return "node"
+}
