@@ -43,6 +43,9 @@ func (s *Syncer) runNode(ctx context.Context) {
 	n := &nodeLoop{s: s}
 	b := newReconnectBackoff()
 	for {
+		if s.waitPresent(ctx) != nil {
+			return
+		}
 		err := n.connect(ctx)
 		if err == nil {
 			b.reset()
@@ -50,6 +53,11 @@ func (s *Syncer) runNode(ctx context.Context) {
 		}
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errAbsent) {
+			s.log.Info("node away; its lease is left to expire", "node", s.cfg.NodeName)
+			s.setConnected(false)
+			continue
 		}
 		wait := b.next()
 		n.fail(err, wait)
@@ -133,15 +141,24 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 	return nil
 }
 
+// errAbsent ends keepAlive when the node went away (SetPresent).
+var errAbsent = errors.New("node away")
+
 // keepAlive renews the Lease every RenewInterval, sending the status
 // before when it is due, until a renewal fails or ctx ends.
 func (n *nodeLoop) keepAlive(ctx context.Context) error {
 	tick := n.s.deps.Clock.NewTicker(n.s.cfg.RenewInterval)
 	defer tick.Stop()
 	for {
+		present, changed := n.s.presence()
+		if !present {
+			return errAbsent
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-changed:
+			continue
 		case <-tick.C():
 		}
 		err := n.writeStatus(ctx, false)

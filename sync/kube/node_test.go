@@ -1412,3 +1412,39 @@ func ndSynced(s *Syncer) bool {
 	defer s.mu.Unlock()
 	return s.link.Connected && s.nodeSynced
 }
+
+// A node that goes away (the MQTT bridge saw its online flag turn false)
+// has its Lease left alone until it is back; then the Lease is renewed
+// again at once, without a reconnect backoff.
+func TestAbsentNodeLeaseNotRenewed(t *testing.T) {
+	api, rc := ndFakeAPI(t, "n1")
+	clk := &ndClock{Fake: clocktest.New(ndEpoch)}
+	s, _ := ndSyncer(t, rc, Config{NodeName: "n1"}, newNDFacts(), clk)
+	ndRun(t, s.runNode)
+	ndWait(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
+	put := "PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200"
+	clk.Advance(10 * time.Second)
+	ndWait(t, "a renewal", func() bool { return api.count(put) == 1 })
+
+	s.SetPresent(false)
+	ndWait(t, "the link down", func() bool { return !s.Link().Connected })
+	for range 6 {
+		clk.Advance(10 * time.Second)
+	}
+	if n := api.count(put); n != 1 {
+		t.Fatalf("%d renewals while the node was away, want still 1", n)
+	}
+	if ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond); s.waitNodeSynced(ctx) == nil {
+		t.Error("the status sink may write while the node is away")
+		cancel()
+	} else {
+		cancel()
+	}
+
+	s.SetPresent(true)
+	ndWait(t, "the link up again", func() bool { return s.Link().Connected })
+	ndWait(t, "the Lease renewed on return", func() bool { return api.count(put) == 2 })
+	if timers, _ := clk.made(); len(timers) != 0 {
+		t.Errorf("backoff timers %v on the way back, want none", timers)
+	}
+}

@@ -35,7 +35,31 @@ type Config struct {
 	// NodeStatusPeriod is how often an unchanged NodeStatus is sent
 	// anyway (default 5 min, KEP-589).
 	NodeStatusPeriod time.Duration
+	// Loops selects what Run runs; zero runs everything, as the agent
+	// does. The MQTT bridge runs the node's parts for each MQTT node
+	// and the Services part once for all.
+	Loops Loops
 }
+
+// Loops selects the parts of a Syncer.
+type Loops uint8
+
+// The parts of a Syncer.
+const (
+	// LoopNode registers the Node and renews its Lease.
+	LoopNode Loops = 1 << iota
+	// LoopPods watches the node's pods, and the config maps and secrets
+	// they use, into the store.
+	LoopPods
+	// LoopServices watches the Services and EndpointSlices of all
+	// namespaces into the store.
+	LoopServices
+	// LoopStatus drains the journal into pod status patches, final
+	// deletes, mirror pods and events.
+	LoopStatus
+	// LoopAll is every part.
+	LoopAll = LoopNode | LoopPods | LoopServices | LoopStatus
+)
 
 func (c *Config) setDefaults() {
 	if c.WriteQPS <= 0 {
@@ -52,6 +76,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.NodeStatusPeriod <= 0 {
 		c.NodeStatusPeriod = 5 * time.Minute
+	}
+	if c.Loops == 0 {
+		c.Loops = LoopAll
 	}
 }
 
@@ -92,6 +119,9 @@ type Syncer struct {
 	changed    chan struct{}
 	// uid is the registered Node's UID (node.go: nodeUID).
 	uid types.UID
+	// absent says the node is away (SetPresent): its Lease is not
+	// renewed and nothing is written for it.
+	absent bool
 
 	// sink is what the status sink (status.go) shares: mirror pod
 	// problems and buffered events.
@@ -140,11 +170,63 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 // retrying, and the pods keep running from the store.
 func (s *Syncer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){s.runNode, s.runPods, s.runServices, s.runEndpointSlices, s.runStatus} {
-		wg.Go(func() { loop(ctx) })
+	for _, l := range []struct {
+		part Loops
+		run  func(context.Context)
+	}{
+		{LoopNode, s.runNode}, {LoopPods, s.runPods}, {LoopServices, s.runServices},
+		{LoopServices, s.runEndpointSlices}, {LoopStatus, s.runStatus},
+	} {
+		if s.cfg.Loops&l.part != 0 {
+			wg.Go(func() { l.run(ctx) })
+		}
 	}
 	wg.Wait()
 	return nil
+}
+
+// SetPresent says whether the node is there. A node that is away has its
+// Lease left to expire, so the node lifecycle controller marks it
+// NotReady in the normal way, and nothing is written for it until it is
+// back; then the Node's status and Lease go first, as after a reconnect.
+// The agent is always present; the MQTT bridge follows the node's online
+// topic.
+func (s *Syncer) SetPresent(present bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.absent == !present {
+		return
+	}
+	s.absent = !present
+	if s.absent {
+		s.nodeSynced = false
+	}
+	s.broadcast()
+}
+
+// waitPresent blocks until the node is present.
+func (s *Syncer) waitPresent(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		ok, ch := !s.absent, s.changed
+		s.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// presence returns whether the node is present and a channel closed at
+// the next change of the link or presence.
+func (s *Syncer) presence() (bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.absent, s.changed
 }
 
 // Link returns the state of the connection.
@@ -199,7 +281,7 @@ func (s *Syncer) setNodeSynced() {
 func (s *Syncer) waitNodeSynced(ctx context.Context) error {
 	for {
 		s.mu.Lock()
-		ok, ch := s.link.Connected && s.nodeSynced, s.changed
+		ok, ch := s.link.Connected && s.nodeSynced && !s.absent, s.changed
 		s.mu.Unlock()
 		if ok {
 			return nil
