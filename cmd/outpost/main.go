@@ -27,6 +27,7 @@ const usage = `outpost: a small-memory Kubernetes node agent for ARM boards
 
 Usage:
   outpost agent [--config FILE]          run the agent
+  outpost bridge --config FILE           run the MQTT bridge to the API server
   outpost status [--config FILE] [-o table|json] [NAMESPACE/POD]
                                          show the node's pods, or one pod
   outpost logs [NAMESPACE/]POD [-c CONTAINER] [-f] [--previous] [--tail N]
@@ -78,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	case "agent":
 		return runAgent(ctx, args[1:], stderr)
+	case "bridge":
+		return runBridge(ctx, args[1:], stderr)
 	case "status":
 		return runStatus(ctx, args[1:], stdout)
 	case "logs":

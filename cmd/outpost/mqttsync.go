@@ -37,13 +37,9 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	if err != nil {
 		return nil, usageError{err}
 	}
-	var password string
-	if m.PasswordFile != "" {
-		b, err := os.ReadFile(m.PasswordFile)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("mqtt.passwordFile: %w", err)}
-		}
-		password = strings.TrimRight(string(b), "\r\n")
+	password, err := mqttPassword(m)
+	if err != nil {
+		return nil, usageError{err}
 	}
 	clientID := m.ClientID
 	if clientID == "" {
@@ -67,6 +63,18 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 		return nil, err
 	}
 	return &mqttSync{Syncer: s, wire: wire}, nil
+}
+
+// mqttPassword reads mqtt.passwordFile, if set.
+func mqttPassword(m config.MQTT) (string, error) {
+	if m.PasswordFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(m.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("mqtt.passwordFile: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // mqttTLS is the TLS configuration of the mqtt section: its CAs (else

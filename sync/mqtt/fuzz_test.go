@@ -57,6 +57,7 @@ func FuzzParseIndex(f *testing.F) {
 	f.Add([]byte("pods/default/web 12\nconfigmaps/default/c 3\n"), uint8(ScopeNode))
 	f.Add([]byte("services/default/web 12\n"), uint8(ScopeCluster))
 	f.Add([]byte("pods/default/web x\n"), uint8(ScopeNode))
+	f.Add([]byte("pods/default/web 12 9f2c4e1a0b3d5c7e\n"), uint8(ScopeNode))
 	f.Fuzz(func(t *testing.T, body []byte, scope uint8) {
 		sc := Scope(scope%2 + 1)
 		x, err := ParseIndex(Envelope{Kind: "Index", Generation: 1, Encoding: EncodingIndex, Body: body}, sc)
@@ -71,8 +72,8 @@ func FuzzParseIndex(f *testing.F) {
 			t.Fatalf("round trip: %d entries, then %d", len(x.Entries), len(y.Entries))
 		}
 		for k, g := range x.Entries {
-			if y.Entries[k] != g {
-				t.Fatalf("round trip changed %s: %d -> %d", k, g, y.Entries[k])
+			if y.Entries[k] != g || y.Hashes[k] != x.Hashes[k] {
+				t.Fatalf("round trip changed %s: %d %s -> %d %s", k, g, x.Hashes[k], y.Entries[k], y.Hashes[k])
 			}
 		}
 	})

@@ -10,10 +10,10 @@ import (
 )
 
 const (
-	// maxInboxBytes bounds the messages waiting to be applied; past it
+	// MaxInboxBytes bounds the messages waiting to be applied; past it
 	// a message is dropped (and acknowledged), and the indexes are read
 	// again once the inbox has room, which fetches what was dropped.
-	maxInboxBytes = 16 << 20
+	MaxInboxBytes = 16 << 20
 	// indexSettle is how long the node waits after an index for the
 	// messages queued before it, so it does not fetch what is already
 	// on its way; settling never takes longer than indexSettleMax.
@@ -26,9 +26,11 @@ const (
 	fetchBatch = 64
 )
 
-// inbox hands messages from paho's goroutine to the session's processor
-// without ever blocking paho.
-type inbox struct {
+// Inbox hands messages from paho's goroutine to the one that applies
+// them, without ever blocking paho: Put is a Dialer's handler. Past its
+// limit in bytes a message is dropped and acknowledged, and Take says so:
+// the taker then reads the indexes again.
+type Inbox struct {
 	mu       sync.Mutex
 	msgs     []Message
 	bytes    int
@@ -37,10 +39,14 @@ type inbox struct {
 	wake     chan struct{}
 }
 
-func newInbox(limit int) *inbox { return &inbox{limit: limit, wake: make(chan struct{}, 1)} }
+// NewInbox returns an Inbox that holds at most limit bytes of payloads.
+func NewInbox(limit int) *Inbox { return &Inbox{limit: limit, wake: make(chan struct{}, 1)} }
 
-// put is the Dialer's handler: it queues m and returns.
-func (in *inbox) put(m Message) {
+// Wake is signalled when messages were put.
+func (in *Inbox) Wake() <-chan struct{} { return in.wake }
+
+// Put queues m and returns at once.
+func (in *Inbox) Put(m Message) {
 	in.mu.Lock()
 	if in.bytes+len(m.Payload) > in.limit {
 		in.overflow = true
@@ -59,9 +65,9 @@ func (in *inbox) put(m Message) {
 	}
 }
 
-// take returns the queued messages and whether any was dropped since the
-// last take.
-func (in *inbox) take() ([]Message, bool) {
+// Take returns the queued messages and whether any was dropped since the
+// last Take.
+func (in *Inbox) Take() ([]Message, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	msgs, over := in.msgs, in.overflow
@@ -87,7 +93,7 @@ type processor struct {
 }
 
 // process applies the connection's messages to the store until ctx ends.
-func (s *Syncer) process(ctx context.Context, conn Conn, in *inbox) error {
+func (s *Syncer) process(ctx context.Context, conn Conn, in *Inbox) error {
 	p := &processor{s: s, conn: conn, pending: map[Scope]Index{}, awaiting: map[string]bool{}}
 	settle := s.deps.Clock.NewTimer(time.Hour)
 	settle.Stop()
@@ -99,8 +105,8 @@ func (s *Syncer) process(ctx context.Context, conn Conn, in *inbox) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-in.wake:
-			msgs, overflow := in.take()
+		case <-in.Wake():
+			msgs, overflow := in.Take()
 			for _, m := range msgs {
 				if err := p.handle(ctx, m); err != nil {
 					return err

@@ -2,6 +2,8 @@ package mqtt
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -16,16 +18,28 @@ import (
 // converges whatever the broker's queue dropped, at the cost of the index
 // and the k objects that changed.
 //
-// Its body is text, one object a line, sorted:
+// Its body is text, one object a line, sorted, with the generation and
+// the hash of the object's envelope body (BodyHash), by which a bridge
+// restarted with no memory tells what it need not publish again:
 //
-//	pods/default/web 81234
-//	configmaps/default/web-config 80011
+//	pods/default/web 81234 9f2c4e1a0b3d5c7e
+//	configmaps/default/web-config 80011 03ab5e6f7c8d9e0f
 type Index struct {
-	// Generation is the resourceVersion the index was made at: an
-	// object stored with a newer one is not deleted for being absent.
+	// Generation orders indexes; an object stored with a newer
+	// generation is not deleted for being absent from an older index.
 	Generation uint64
 	// Entries map "kind/namespace/name" to the object's generation.
 	Entries map[string]uint64
+	// Hashes map the same keys to BodyHash of what was published; a
+	// key may have none.
+	Hashes map[string]string
+}
+
+// BodyHash is the hash an index keeps of an object's envelope body: the
+// first 8 bytes of its SHA-256, in hex.
+func BodyHash(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:8])
 }
 
 // IndexKey is an object's key in an index.
@@ -43,6 +57,10 @@ func (x Index) Marshal() []byte {
 		b.WriteString(k)
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatUint(x.Entries[k], 10))
+		if h := x.Hashes[k]; h != "" {
+			b.WriteByte(' ')
+			b.WriteString(h)
+		}
 		b.WriteByte('\n')
 	}
 	return b.Bytes()
@@ -63,14 +81,22 @@ func ParseIndex(e Envelope, scope Scope) (Index, error) {
 	if scope == ScopeCluster {
 		kinds = clusterKinds
 	}
-	x := Index{Generation: e.Generation, Entries: map[string]uint64{}}
+	x := Index{Generation: e.Generation, Entries: map[string]uint64{}, Hashes: map[string]string{}}
 	for i, line := range strings.Split(string(e.Body), "\n") {
 		if line == "" {
 			continue
 		}
-		key, gen, ok := strings.Cut(line, " ")
-		if !ok {
-			return Index{}, fmt.Errorf("index line %d: not KIND/NAMESPACE/NAME GENERATION", i+1)
+		fields := strings.Split(line, " ")
+		if len(fields) != 2 && len(fields) != 3 {
+			return Index{}, fmt.Errorf("index line %d: not KIND/NAMESPACE/NAME GENERATION [HASH]", i+1)
+		}
+		key, gen := fields[0], fields[1]
+		if len(fields) == 3 {
+			h := fields[2]
+			if _, err := hex.DecodeString(h); err != nil || len(h) != 16 {
+				return Index{}, fmt.Errorf("index line %d: hash %q is not 16 hex digits", i+1, h)
+			}
+			x.Hashes[key] = h
 		}
 		parts := strings.Split(key, "/")
 		if len(parts) != 3 || !oneOf(parts[0], kinds) {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -170,7 +172,11 @@ func (s *Syncer) nodeStatus() ([]byte, error) {
 		st.Conditions[i].LastHeartbeatTime = metav1.Time{}
 		st.Conditions[i].LastTransitionTime = metav1.Time{}
 	}
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: f.Labels}, Status: st}
+	// The bridge registers the Node: the well-known labels are the
+	// board's, not the bridge's.
+	labels := map[string]string{corev1.LabelArchStable: runtime.GOARCH, corev1.LabelOSStable: "linux"}
+	maps.Copy(labels, f.Labels)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: labels}, Status: st}
 	return n.Marshal()
 }
 

@@ -174,8 +174,8 @@ func (s *Syncer) runLink(ctx context.Context) {
 	bo := backoff{min: time.Second, max: 2 * time.Minute}
 	will := Will{Topic: OnlineTopic(s.cfg.NodeName), Payload: []byte(OnlineFalse), Retained: true}
 	for ctx.Err() == nil {
-		in := newInbox(maxInboxBytes)
-		conn, err := s.deps.Dial(ctx, will, in.put)
+		in := NewInbox(MaxInboxBytes)
+		conn, err := s.deps.Dial(ctx, will, in.Put)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -223,7 +223,7 @@ func (s *Syncer) goOffline(conn Conn) {
 // session runs one connection: subscribe, say online, then drain the
 // journal and apply what comes in until the connection ends or ctx does.
 // It returns why the connection ended.
-func (s *Syncer) session(ctx context.Context, conn Conn, in *inbox) error {
+func (s *Syncer) session(ctx context.Context, conn Conn, in *Inbox) error {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	node := s.cfg.NodeName

@@ -1,0 +1,115 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/outpost-edge/outpost/internal/yamlcheck"
+)
+
+// Bridge is the configuration of `outpost bridge`, the cloud side of the
+// MQTT sync. Every field but mqtt.brokers has a default.
+type Bridge struct {
+	// Kubeconfig points at the API server; empty uses the in-cluster
+	// service account (the bridge runs as a Deployment).
+	Kubeconfig string `json:"kubeconfig"`
+	// MQTT is the broker, with the bridge's identity (its certificate's
+	// CN is outpost:bridge in packaging/mosquitto's ACL).
+	MQTT MQTT `json:"mqtt"`
+	// StateDir is a scratch directory, emptied at every start: the
+	// bridge keeps no state of its own.
+	StateDir string `json:"stateDir"`
+	// Labels are added to every MQTT node's Node.
+	Labels map[string]string `json:"labels"`
+	// API paces each node's writes.
+	API API `json:"api"`
+	// Log sets the log level and format.
+	Log Log `json:"log"`
+}
+
+// DefaultBridge returns the bridge's configuration with every default.
+func DefaultBridge() Bridge {
+	return Bridge{
+		MQTT:     MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, ClientID: "outpost-bridge"},
+		StateDir: "/var/cache/outpost-bridge",
+		Labels:   map[string]string{},
+		API:      API{WriteQPS: 20, WriteBurst: 40},
+		Log:      Log{Level: "info", Format: "text"},
+	}
+}
+
+// LoadBridge reads the bridge's configuration file over the defaults.
+func LoadBridge(path string) (Bridge, error) {
+	cfg := DefaultBridge()
+	if path == "" {
+		return cfg, &Error{File: "flags", Problems: []error{errors.New("--config FILE is required: the bridge needs mqtt.brokers")}}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("read config: %w", err)
+	}
+	return ParseBridge(path, data)
+}
+
+// ParseBridge decodes data (named name in errors) over the defaults.
+func ParseBridge(name string, data []byte) (Bridge, error) {
+	cfg := DefaultBridge()
+	docs, err := yamlcheck.Documents(data)
+	if err != nil {
+		return cfg, &Error{File: name, Problems: []error{err}}
+	}
+	if len(docs) > 1 {
+		return cfg, &Error{File: name, Problems: []error{errors.New("holds more than one YAML document")}}
+	}
+	if len(docs) == 1 {
+		if err := yamlcheck.Decode(docs[0], &cfg); err != nil {
+			return cfg, &Error{File: name, Problems: unjoin(err)}
+		}
+	}
+	var p []error
+	bad := func(field, format string, args ...any) {
+		p = append(p, fieldErr{field, fmt.Sprintf(format, args...)})
+	}
+	if !cfg.MQTT.Enabled() {
+		bad("mqtt.brokers", "is empty: the bridge needs a broker")
+	}
+	cfg.MQTT.validate(bad, false)
+	if cfg.Kubeconfig != "" && !filepath.IsAbs(cfg.Kubeconfig) {
+		bad("kubeconfig", "%q is not an absolute path", cfg.Kubeconfig)
+	}
+	if !filepath.IsAbs(cfg.StateDir) {
+		bad("stateDir", "%q is not an absolute path", cfg.StateDir)
+	}
+	for k, v := range cfg.Labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			bad("labels", "key %q is not a valid label key: %s", k, errs[0])
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			bad("labels", "value %q of %q is not a valid label value: %s", v, k, errs[0])
+		}
+	}
+	if cfg.API.WriteQPS <= 0 || cfg.API.WriteQPS > 1000 {
+		bad("api.writeQPS", "%g is not above 0 and at most 1000", cfg.API.WriteQPS)
+	}
+	if cfg.API.WriteBurst < 1 || cfg.API.WriteBurst > 10000 {
+		bad("api.writeBurst", "%d is not between 1 and 10000", cfg.API.WriteBurst)
+	}
+	switch cfg.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q is not one of debug, info, warn, error", cfg.Log.Level)
+	}
+	switch cfg.Log.Format {
+	case "text", "json":
+	default:
+		bad("log.format", "%q is not one of text, json", cfg.Log.Format)
+	}
+	if len(p) > 0 {
+		return cfg, &Error{File: name, Problems: p}
+	}
+	return cfg, nil
+}

@@ -1,0 +1,422 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
+	"github.com/outpost-edge/outpost/sync/mqtt"
+)
+
+// LabelTransport marks the Nodes the bridge keeps: outpost.io/transport=mqtt.
+const LabelTransport = "outpost.io/transport"
+
+// Config says how the bridge works.
+type Config struct {
+	// Dir is the scratch directory: a store per node, emptied at start.
+	Dir string
+	// KeepAlive is MQTT's keepalive (default 60 s).
+	KeepAlive time.Duration
+	// MaxMessageBytes refuses larger messages (default 1 MiB).
+	MaxMessageBytes int
+	// Labels are added to every MQTT node's Node, beside
+	// outpost.io/transport=mqtt.
+	Labels map[string]string
+	// WriteQPS and WriteBurst pace each node's writes, as the agent's.
+	WriteQPS   float64
+	WriteBurst int
+	// IndexWait is how long after subscribing the retained indexes may
+	// take to arrive before the bridge takes the broker to hold none
+	// (default 2 s).
+	IndexWait time.Duration
+	// RequestTimeout bounds each publish and subscribe (default 30 s).
+	RequestTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = 60 * time.Second
+	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = 1 << 20
+	}
+	if c.IndexWait <= 0 {
+		c.IndexWait = 2 * time.Second
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+}
+
+// Deps are what the bridge talks to.
+type Deps struct {
+	Client *kube.Client
+	Dial   mqtt.Dialer
+	Clock  clock.Clock
+	Log    *slog.Logger
+}
+
+// Bridge connects MQTT nodes to the API server. Its methods are safe for
+// concurrent use.
+type Bridge struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	nodes map[string]*node
+	// conn is the broker connection, nil while there is none; ready says
+	// the retained indexes of this connection were read (or IndexWait
+	// passed), so publishers know what the broker holds.
+	conn    mqtt.Conn
+	ready   bool
+	changed chan struct{}
+	// retained are the indexes the broker holds, by index topic.
+	retained map[string]mqtt.Index
+	// gen is the last generation issued (nextGen).
+	gen uint64
+	// run is the context node goroutines run in; wg waits for them.
+	run context.Context
+	wg  sync.WaitGroup
+
+	cluster *publisher
+	stats   Stats
+}
+
+// Stats are the bridge's counters.
+type Stats struct {
+	Published, Statuses, Rejected, Nodes int
+}
+
+// New returns a Bridge; it starts nothing until Run.
+func New(cfg Config, deps Deps) (*Bridge, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("sync/bridge: no scratch directory")
+	}
+	if deps.Client == nil || deps.Dial == nil || deps.Clock == nil {
+		return nil, errors.New("sync/bridge: client, dialer and clock are required")
+	}
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	cfg.setDefaults()
+	return &Bridge{
+		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
+		changed: make(chan struct{}), retained: map[string]mqtt.Index{},
+	}, nil
+}
+
+// Stats returns the bridge's counters.
+func (b *Bridge) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.stats
+	s.Nodes = len(b.nodes)
+	return s
+}
+
+// Run bridges until ctx ends and returns after every goroutine it
+// started has exited.
+func (b *Bridge) Run(ctx context.Context) error {
+	if err := os.RemoveAll(b.cfg.Dir); err != nil {
+		return fmt.Errorf("empty scratch directory %s: %w", b.cfg.Dir, err)
+	}
+	if err := os.MkdirAll(filepath.Join(b.cfg.Dir, "nodes"), 0o700); err != nil {
+		return fmt.Errorf("scratch directory: %w", err)
+	}
+	cst, err := store.Open(filepath.Join(b.cfg.Dir, "cluster.db"), store.Options{SkipCheck: true})
+	if err != nil {
+		return err
+	}
+	defer cst.Close()
+	services, err := kube.New(kube.Config{NodeName: "outpost-bridge", Loops: kube.LoopServices},
+		kube.Deps{Client: b.deps.Client, Store: cst, Clock: b.deps.Clock, Log: b.log.With("scope", "cluster")})
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.run = ctx
+	b.cluster = &publisher{b: b, scope: mqtt.ScopeCluster, st: cst, wake: make(chan struct{}, 1)}
+	b.mu.Unlock()
+	b.wg.Go(func() { services.Run(ctx) })
+	b.wg.Go(func() { b.cluster.loop(ctx) })
+	b.wg.Go(func() { b.adoptNodes(ctx) })
+	b.wg.Go(func() { b.runLink(ctx) })
+	<-ctx.Done()
+	b.wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, n := range b.nodes {
+		n.st.Close()
+	}
+	return nil
+}
+
+// adoptNodes starts the nodes the API server already knows as MQTT
+// nodes, so their desired state is published while they are away too.
+func (b *Bridge) adoptNodes(ctx context.Context) {
+	bo := backoff{min: time.Second, max: time.Minute}
+	for {
+		var list corev1.NodeList
+		err := b.deps.Client.Core.Get().Resource("nodes").
+			VersionedParams(&metav1.ListOptions{LabelSelector: LabelTransport + "=mqtt"}, metav1.ParameterCodec).
+			Do(ctx).Into(&list)
+		if err == nil {
+			for _, n := range list.Items {
+				b.ensureNode(n.Name)
+			}
+			return
+		}
+		b.log.Warn("list mqtt nodes; retrying", "err", err)
+		if sleep(ctx, b.deps.Clock, bo.next()) != nil {
+			return
+		}
+	}
+}
+
+// broadcast wakes everything waiting on the connection; b.mu is held.
+func (b *Bridge) broadcast() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// current returns the connection when the broker's indexes were read,
+// else nil, and a channel closed at the next change.
+func (b *Bridge) current() (mqtt.Conn, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.ready {
+		return nil, b.changed
+	}
+	return b.conn, b.changed
+}
+
+// nextGen issues a generation: Unix milliseconds, and always above the
+// last one issued or seen on the broker, so a bridge restarted (or a
+// second one) goes on where the retained messages are.
+func (b *Bridge) nextGen() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.gen = max(b.gen+1, uint64(b.deps.Clock.Now().UnixMilli()))
+	return b.gen
+}
+
+// runLink connects to the broker, reads what it holds, and hands every
+// message to handle, connecting again after a jittered backoff.
+func (b *Bridge) runLink(ctx context.Context) {
+	bo := backoff{min: time.Second, max: time.Minute}
+	for ctx.Err() == nil {
+		in := mqtt.NewInbox(mqtt.MaxInboxBytes)
+		conn, err := b.deps.Dial(ctx, mqtt.Will{}, in.Put)
+		if err != nil {
+			b.log.Warn("mqtt broker not reachable; retrying", "err", err)
+			if sleep(ctx, b.deps.Clock, bo.next()) != nil {
+				return
+			}
+			continue
+		}
+		bo.reset()
+		err = b.session(ctx, conn, in)
+		b.mu.Lock()
+		b.conn, b.ready = nil, false
+		b.broadcast()
+		b.mu.Unlock()
+		if ctx.Err() != nil {
+			conn.Close(true)
+			return
+		}
+		conn.Close(false)
+		b.log.Warn("mqtt broker connection lost", "err", err)
+		if sleep(ctx, b.deps.Clock, bo.next()) != nil {
+			return
+		}
+	}
+}
+
+// session runs one connection: the indexes first (what the broker
+// holds), then the nodes' statuses, online flags and events.
+func (b *Bridge) session(ctx context.Context, conn mqtt.Conn, in *mqtt.Inbox) error {
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if !conn.SessionPresent() {
+		b.log.Info("mqtt broker holds no session of the bridge; what it retains is read from its indexes")
+	}
+	b.mu.Lock()
+	clear(b.retained)
+	b.conn = conn
+	b.mu.Unlock()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-in.Wake():
+			}
+			msgs, overflow := in.Take()
+			for _, m := range msgs {
+				b.handle(m)
+				if m.Ack != nil {
+					m.Ack()
+				}
+			}
+			if overflow {
+				cancel(errors.New("messages dropped while the bridge caught up; reconnecting to read them again"))
+			}
+		}
+	})
+	if err := b.request(sctx, func(ctx context.Context) error {
+		return conn.Subscribe(ctx, mqtt.Prefix+"nodes/+/desired/index", mqtt.ClusterIndexTopic)
+	}); err != nil {
+		return err
+	}
+	if sleep(sctx, b.deps.Clock, b.cfg.IndexWait) != nil {
+		return context.Cause(sctx)
+	}
+	b.mu.Lock()
+	b.ready = true
+	b.broadcast()
+	b.mu.Unlock()
+	if err := b.request(sctx, func(ctx context.Context) error {
+		return conn.Subscribe(ctx, mqtt.Prefix+"nodes/+/status/#", mqtt.Prefix+"nodes/+/online", mqtt.Prefix+"nodes/+/events")
+	}); err != nil {
+		return err
+	}
+	b.log.Info("mqtt broker connected", "session", conn.SessionPresent())
+	select {
+	case <-sctx.Done():
+		return context.Cause(sctx)
+	case <-conn.Done():
+		return errors.New("connection lost")
+	}
+}
+
+func (b *Bridge) request(ctx context.Context, fn func(context.Context) error) error {
+	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	return fn(rctx)
+}
+
+// handle applies one message from the broker.
+func (b *Bridge) handle(m mqtt.Message) {
+	t, err := mqtt.ParseTopic(m.Topic)
+	if err != nil {
+		b.reject(m.Topic, "topic", err)
+		return
+	}
+	if len(m.Payload) > b.cfg.MaxMessageBytes {
+		b.reject(m.Topic, "size", fmt.Errorf("%d bytes, over %d", len(m.Payload), b.cfg.MaxMessageBytes))
+		return
+	}
+	switch {
+	case t.Index:
+		b.noteIndex(t, m.Payload)
+	case t.Online:
+		b.ensureNode(t.Node).setOnline(string(m.Payload) == mqtt.OnlineTrue)
+	case t.Status == "node":
+		if err := b.ensureNode(t.Node).nodeStatus(m.Payload); err != nil {
+			b.reject(m.Topic, "invalid", err)
+		}
+	case t.Status == "pods":
+		if err := b.ensureNode(t.Node).podStatus(t, m.Topic, m.Payload); err != nil {
+			b.reject(m.Topic, "invalid", err)
+		} else {
+			b.mu.Lock()
+			b.stats.Statuses++
+			b.mu.Unlock()
+		}
+	case t.Events:
+		if err := b.ensureNode(t.Node).event(m.Payload); err != nil {
+			b.reject(m.Topic, "invalid", err)
+		}
+	}
+}
+
+func (b *Bridge) reject(topic, reason string, err error) {
+	b.mu.Lock()
+	b.stats.Rejected++
+	b.mu.Unlock()
+	b.log.Warn("mqtt message refused", "topic", topic, "reason", reason, "err", err)
+}
+
+// noteIndex records an index the broker holds.
+func (b *Bridge) noteIndex(t mqtt.Topic, payload []byte) {
+	topic := t.String()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(payload) == 0 {
+		delete(b.retained, topic)
+		return
+	}
+	e, err := mqtt.UnmarshalEnvelope(payload)
+	var x mqtt.Index
+	if err == nil {
+		x, err = mqtt.ParseIndex(e, t.Scope)
+	}
+	if err != nil {
+		b.log.Warn("index on the broker unreadable; its objects are published again", "topic", topic, "err", err)
+		delete(b.retained, topic)
+		return
+	}
+	b.retained[topic] = x
+	b.gen = max(b.gen, x.Generation)
+	for _, g := range x.Entries {
+		b.gen = max(b.gen, g)
+	}
+}
+
+// retainedIndex returns the index the broker holds at topic.
+func (b *Bridge) retainedIndex(topic string) (mqtt.Index, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, ok := b.retained[topic]
+	return x, ok
+}
+
+func (b *Bridge) setRetained(topic string, x mqtt.Index) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.retained[topic] = x
+}
+
+// sleep waits d on c, or until ctx ends.
+func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
+
+// backoff is exponential with jitter.
+type backoff struct {
+	min, max time.Duration
+	cur      time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }

@@ -1,0 +1,260 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
+	"github.com/outpost-edge/outpost/sync/mqtt"
+)
+
+// listedWait bounds how long a node's Syncer waits for its pods to be
+// listed into its store before it starts draining statuses anyway.
+const listedWait = 30 * time.Second
+
+// node is one MQTT node: a store in the scratch directory, sync/kube's
+// pods watch into it (LoopPods), and sync/kube's node and status parts
+// (LoopNode, LoopStatus), which write what the node reports.
+type node struct {
+	b    *Bridge
+	name string
+	st   *store.Store
+	pods *kube.Syncer
+	kube *kube.Syncer
+	pub  *publisher
+
+	mu sync.Mutex
+	// facts are the node's status as it last published it; hasFacts
+	// says it did, and the Node is registered only then.
+	facts    kube.NodeFacts
+	hasFacts chan struct{}
+	// gens are the generations of the statuses applied, by topic: an
+	// older one delivered late is ignored.
+	gens map[string]uint64
+}
+
+// ensureNode returns the node of name, starting it on first sight.
+func (b *Bridge) ensureNode(name string) *node {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := b.nodes[name]; n != nil {
+		return n
+	}
+	n, err := b.newNode(name)
+	if err != nil {
+		b.log.Error("start mqtt node", "node", name, "err", err)
+		return &node{b: b, name: name, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+	}
+	b.nodes[name] = n
+	ctx := b.run
+	b.wg.Go(func() { n.runAll(ctx) })
+	b.log.Info("mqtt node", "node", name)
+	return n
+}
+
+// newNode makes a node's store and Syncers; b.mu is held.
+func (b *Bridge) newNode(name string) (*node, error) {
+	st, err := store.Open(filepath.Join(b.cfg.Dir, "nodes", name+".db"), store.Options{NodeName: name, SkipCheck: true})
+	if err != nil {
+		return nil, err
+	}
+	n := &node{b: b, name: name, st: st, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+	log := b.log.With("node", name)
+	n.pods, err = kube.New(kube.Config{NodeName: name, Loops: kube.LoopPods},
+		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	labels := map[string]string{LabelTransport: "mqtt"}
+	maps.Copy(labels, b.cfg.Labels)
+	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst},
+		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log, NodeFacts: n.nodeFacts})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	// Away until its online topic says otherwise.
+	n.kube.SetPresent(false)
+	n.pub = &publisher{b: b, scope: mqtt.ScopeNode, node: name, st: st, wake: make(chan struct{}, 1)}
+	return n, nil
+}
+
+// runAll runs the node's parts until ctx ends: the pods watch and the
+// publisher at once, the Node and status parts once the node published
+// its status and its pods are in the store (so no status of a pod is
+// dropped for a pod not listed yet).
+func (n *node) runAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { n.pods.Run(ctx) })
+	wg.Go(func() { n.pub.loop(ctx) })
+	wg.Go(func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.hasFacts:
+		}
+		n.waitListed(ctx)
+		n.kube.Run(ctx)
+	})
+	wg.Wait()
+}
+
+// waitListed waits until the pods watch listed once, or listedWait.
+func (n *node) waitListed(ctx context.Context) {
+	deadline := n.b.deps.Clock.Now().Add(listedWait)
+	for n.b.deps.Clock.Now().Before(deadline) {
+		if rv, err := n.st.ResumeVersion("pods"); err == nil && rv != "" {
+			return
+		}
+		if sleep(ctx, n.b.deps.Clock, 100*time.Millisecond) != nil {
+			return
+		}
+	}
+}
+
+func (n *node) nodeFacts() kube.NodeFacts {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.facts
+}
+
+func (n *node) setOnline(online bool) {
+	if n.kube != nil {
+		n.kube.SetPresent(online)
+	}
+}
+
+// fresh reports whether gen is newer than the last applied on topic, and
+// records it.
+func (n *node) fresh(topic string, gen uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if gen <= n.gens[topic] {
+		return false
+	}
+	n.gens[topic] = gen
+	return true
+}
+
+// nodeStatus takes the node's published status as its facts.
+func (n *node) nodeStatus(payload []byte) error {
+	if len(payload) == 0 {
+		return nil
+	}
+	e, err := mqtt.UnmarshalEnvelope(payload)
+	if err != nil {
+		return err
+	}
+	if e.Kind != "Node" || e.Encoding != mqtt.EncodingProtobuf {
+		return fmt.Errorf("envelope kind %s encoding %s, want Node protobuf", e.Kind, e.Encoding)
+	}
+	if !n.fresh(mqtt.NodeStatusTopic(n.name), e.Generation) {
+		return nil
+	}
+	var obj corev1.Node
+	if err := obj.Unmarshal(e.Body); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if obj.Name != n.name {
+		return fmt.Errorf("metadata.name: %q, the topic is node %s's", obj.Name, n.name)
+	}
+	n.mu.Lock()
+	first := n.facts.Status.Conditions == nil && n.facts.Labels == nil
+	n.facts = kube.NodeFacts{Labels: obj.Labels, Status: obj.Status}
+	n.mu.Unlock()
+	if first {
+		select {
+		case <-n.hasFacts:
+		default:
+			close(n.hasFacts)
+		}
+	}
+	return nil
+}
+
+// podStatus puts a pod's published status into the node's journal, for
+// sync/kube's status sink. A static pod's status comes with its spec: the
+// pod goes into the store as a static pod, for its mirror pod. An empty
+// payload (the node cleared the topic: the pod is gone) removes a static
+// pod.
+func (n *node) podStatus(t mqtt.Topic, topic string, payload []byte) error {
+	if n.st == nil {
+		return errors.New("node not started")
+	}
+	if len(payload) == 0 {
+		rec, ok, err := n.st.Pods().Get(t.Namespace, t.Name)
+		if err == nil && ok && rec.Source == store.SourceStatic {
+			_, err = n.st.Pods().Delete(t.Namespace, t.Name)
+		}
+		return err
+	}
+	e, err := mqtt.UnmarshalEnvelope(payload)
+	if err != nil {
+		return err
+	}
+	if e.Kind != "Pod" || e.Encoding != mqtt.EncodingProtobuf {
+		return fmt.Errorf("envelope kind %s encoding %s, want Pod protobuf", e.Kind, e.Encoding)
+	}
+	if !n.fresh(topic, e.Generation) {
+		return nil
+	}
+	var p corev1.Pod
+	if err := p.Unmarshal(e.Body); err != nil {
+		return fmt.Errorf("pod: %w", err)
+	}
+	if p.Namespace != t.Namespace || p.Name != t.Name {
+		return fmt.Errorf("metadata: holds %s/%s", p.Namespace, p.Name)
+	}
+	if p.UID == "" {
+		return errors.New("metadata.uid: empty")
+	}
+	if len(p.Spec.Containers) > 0 {
+		static := p.DeepCopy()
+		static.Status = corev1.PodStatus{}
+		static.ResourceVersion = ""
+		if err := n.st.Pods().Put(store.SourceStatic, static); err != nil {
+			return fmt.Errorf("static pod: %w", err)
+		}
+	}
+	entry := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID}, Status: p.Status}
+	value, err := entry.Marshal()
+	if err != nil {
+		return err
+	}
+	_, err = n.st.Append("pod/"+p.Namespace+"/"+p.Name, value)
+	return err
+}
+
+// event hands a node's event to sync/kube's event sink.
+func (n *node) event(payload []byte) error {
+	e, err := mqtt.UnmarshalEnvelope(payload)
+	if err != nil {
+		return err
+	}
+	if e.Kind != "Event" || e.Encoding != mqtt.EncodingProtobuf {
+		return fmt.Errorf("envelope kind %s encoding %s, want Event protobuf", e.Kind, e.Encoding)
+	}
+	var ev corev1.Event
+	if err := ev.Unmarshal(e.Body); err != nil {
+		return fmt.Errorf("event: %w", err)
+	}
+	o := ev.InvolvedObject
+	if o.Kind != "Pod" || o.Name == "" || o.UID == "" {
+		return fmt.Errorf("involvedObject: %s %s/%s uid %q is not a pod", o.Kind, o.Namespace, o.Name, o.UID)
+	}
+	if n.kube != nil {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, UID: o.UID}}
+		n.kube.Event(pod, ev.Type, ev.Reason, ev.Message, ev.LastTimestamp.Time)
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package bridge
+
+import (
+	"context"
+	"maps"
+	"slices"
+
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/mqtt"
+)
+
+// publisher keeps one scope's retained messages (a node's desired
+// objects, or the cluster's Services and EndpointSlices) and its index
+// equal to what the store holds from the API server. It compares with
+// the index the broker holds, by hash, so it publishes only what
+// differs: after a restart of the bridge nothing, after a broker lost its
+// retained messages everything.
+type publisher struct {
+	b     *Bridge
+	scope mqtt.Scope
+	node  string // for ScopeNode
+	st    *store.Store
+	wake  chan struct{}
+}
+
+// object is one desired object as published.
+type object struct {
+	topic string
+	kind  string // the envelope's
+	body  []byte
+	hash  string
+}
+
+func (p *publisher) indexTopic() string {
+	if p.scope == mqtt.ScopeCluster {
+		return mqtt.ClusterIndexTopic
+	}
+	return mqtt.NodeIndexTopic(p.node)
+}
+
+// loop publishes after every change of the store or the connection
+// until ctx ends; a failed pass is tried again after a backoff.
+func (p *publisher) loop(ctx context.Context) {
+	kinds := []store.Kind{store.KindPod, store.KindConfigMap, store.KindSecret}
+	if p.scope == mqtt.ScopeCluster {
+		kinds = []store.Kind{store.KindService, store.KindEndpointSlice}
+	}
+	changes, cancel := p.st.Subscribe(kinds...)
+	defer cancel()
+	bo := backoff{min: 500e6, max: 30e9}
+	for {
+		conn, connChanged := p.b.current()
+		if conn != nil {
+			if err := p.pass(ctx, conn); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				p.b.log.Warn("publish desired objects; retrying", "index", p.indexTopic(), "err", err)
+				if sleep(ctx, p.b.deps.Clock, bo.next()) != nil {
+					return
+				}
+				continue
+			}
+			bo.reset()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+		case <-connChanged:
+		case <-p.wake:
+		}
+	}
+}
+
+// desired lists the scope's objects from the API server in the store.
+func (p *publisher) desired() (map[string]object, error) {
+	out := map[string]object{}
+	add := func(kind, ekind, ns, name string, body []byte) {
+		topic := mqtt.ClusterTopic(kind, ns, name)
+		if p.scope == mqtt.ScopeNode {
+			topic = mqtt.DesiredTopic(p.node, kind, ns, name)
+		}
+		out[mqtt.IndexKey(kind, ns, name)] = object{topic: topic, kind: ekind, body: body, hash: mqtt.BodyHash(body)}
+	}
+	var err error
+	if p.scope == mqtt.ScopeNode {
+		err = collect(p.st.Pods(), func(r store.Record[*podT]) error { return marshalAdd(add, mqtt.KindPods, "Pod", r) })
+		if err == nil {
+			err = collect(p.st.ConfigMaps(), func(r store.Record[*cmT]) error { return marshalAdd(add, mqtt.KindConfigMaps, "ConfigMap", r) })
+		}
+		if err == nil {
+			err = collect(p.st.Secrets(), func(r store.Record[*secretT]) error { return marshalAdd(add, mqtt.KindSecrets, "Secret", r) })
+		}
+	} else {
+		err = collect(p.st.Services(), func(r store.Record[*svcT]) error { return marshalAdd(add, mqtt.KindServices, "Service", r) })
+		if err == nil {
+			err = collect(p.st.EndpointSlices(), func(r store.Record[*sliceT]) error {
+				return marshalAdd(add, mqtt.KindEndpointSlices, "EndpointSlice", r)
+			})
+		}
+	}
+	return out, err
+}
+
+// pass publishes what differs from the broker's index, then the index.
+func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
+	want, err := p.desired()
+	if err != nil {
+		return err
+	}
+	topic := p.indexTopic()
+	have, _ := p.b.retainedIndex(topic)
+	next := mqtt.Index{Entries: map[string]uint64{}, Hashes: map[string]string{}}
+	changed := false
+	for _, key := range slices.Sorted(maps.Keys(want)) {
+		o := want[key]
+		if h, ok := have.Hashes[key]; ok && h == o.hash {
+			next.Entries[key], next.Hashes[key] = have.Entries[key], h
+			continue
+		}
+		gen := p.b.nextGen()
+		env := mqtt.Envelope{Kind: o.kind, Generation: gen, Encoding: mqtt.EncodingProtobuf, Issued: p.b.deps.Clock.Now(), Body: o.body}
+		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, o.topic, true, env.Marshal()) }); err != nil {
+			return err
+		}
+		p.b.countPublished()
+		next.Entries[key], next.Hashes[key] = gen, o.hash
+		changed = true
+	}
+	for key := range have.Entries {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		t, err := keyTopic(p, key)
+		if err != nil {
+			continue
+		}
+		// An empty retained message deletes it on the broker and, for
+		// a node subscribed now, in its store.
+		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, t, true, nil) }); err != nil {
+			return err
+		}
+		p.b.countPublished()
+		changed = true
+	}
+	if !changed && have.Entries != nil {
+		return nil
+	}
+	next.Generation = p.b.nextGen()
+	if err := p.b.request(ctx, func(ctx context.Context) error {
+		return conn.Publish(ctx, topic, true, next.Envelope().Marshal())
+	}); err != nil {
+		return err
+	}
+	p.b.countPublished()
+	p.b.setRetained(topic, next)
+	return nil
+}
+
+func (b *Bridge) countPublished() {
+	b.mu.Lock()
+	b.stats.Published++
+	b.mu.Unlock()
+}
+
+// keyTopic is the topic of an index key of p's scope.
+func keyTopic(p *publisher, key string) (string, error) {
+	parts := splitKey(key)
+	if len(parts) != 3 {
+		return "", errBadKey
+	}
+	if p.scope == mqtt.ScopeCluster {
+		return mqtt.ClusterTopic(parts[0], parts[1], parts[2]), nil
+	}
+	return mqtt.DesiredTopic(p.node, parts[0], parts[1], parts[2]), nil
+}
