@@ -37,6 +37,13 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	if err != nil {
 		return nil, usageError{err}
 	}
+	if cn := certCN(tc); cn != "" && cn != cfg.NodeName {
+		// mosquitto acknowledges what its ACL denies and drops it: with
+		// use_identity_as_username (packaging/mosquitto) such a node
+		// would publish into nothing, forever, without an error.
+		log.Warn("mqtt.certFile's CN is not nodeName; a broker that takes the CN as the username (packaging/mosquitto) drops every message of this node",
+			"cn", cn, "nodeName", cfg.NodeName, "file", m.CertFile)
+	}
 	password, err := mqttPassword(m)
 	if err != nil {
 		return nil, usageError{err}
@@ -100,6 +107,18 @@ func mqttTLS(m config.MQTT) (*tls.Config, error) {
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
+}
+
+// certCN is the common name of tc's client certificate, or "".
+func certCN(tc *tls.Config) string {
+	if len(tc.Certificates) == 0 || len(tc.Certificates[0].Certificate) == 0 {
+		return ""
+	}
+	leaf, err := x509.ParseCertificate(tc.Certificates[0].Certificate[0])
+	if err != nil {
+		return ""
+	}
+	return leaf.Subject.CommonName
 }
 
 // run runs the sync until ctx ends; the returned func waits for it.
