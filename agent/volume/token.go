@@ -119,8 +119,8 @@ func (m *Manager) serviceAccountToken(ctx context.Context, podDir string, pod *c
 	return nil
 }
 
-// requestToken asks the API server for a token through deps.Tokens; only
-// pods from the API server have a service account there.
+// requestToken asks for a token through deps.Tokens: the API server's,
+// or the MQTT bridge's. A static pod has no service account there.
 func (m *Manager) requestToken(ctx context.Context, pod *corev1.Pod, src *corev1.ServiceAccountTokenProjection) (*podToken, error) {
 	rec, found, err := m.deps.Store.Pods().Get(pod.Namespace, pod.Name)
 	switch {
@@ -128,7 +128,7 @@ func (m *Manager) requestToken(ctx context.Context, pod *corev1.Pod, src *corev1
 		return nil, fmt.Errorf("get the pod from the store: %w", err)
 	case !found || rec.Object.UID != pod.UID:
 		return nil, errors.New("the pod is not in the store")
-	case rec.Source != store.SourceAPI:
+	case rec.Source == store.SourceStatic:
 		return nil, fmt.Errorf("a pod from source %s has no service account in the API server", rec.Source)
 	case m.deps.Tokens == nil:
 		return nil, errors.New("the agent is not connected to an API server")

@@ -125,8 +125,11 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		images = newImageDir(cfg.ImageDir, rt, log)
 		images.importAll(ctx)
 		vdeps := volume.Deps{Store: st, Clock: clk, Log: log}
-		if ksync != nil {
+		switch {
+		case ksync != nil:
 			vdeps.Tokens = ksync.PodToken
+		case msync != nil:
+			vdeps.Tokens = msync.PodToken
 		}
 		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, vdeps)
 		if err != nil {

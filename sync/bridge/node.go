@@ -89,14 +89,15 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	return n, nil
 }
 
-// runAll runs the node's parts until ctx ends: the pods watch and the
-// publisher at once, the Node and status parts once the node published
+// runAll runs the node's parts until ctx ends: the pods watch, the
+// publisher and the pods' tokens at once, the Node and status parts once the node published
 // its status and its pods are in the store (so no status of a pod is
 // dropped for a pod not listed yet).
 func (n *node) runAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { n.pods.Run(ctx) })
 	wg.Go(func() { n.pub.loop(ctx) })
+	wg.Go(func() { n.runTokens(ctx) })
 	wg.Go(func() {
 		select {
 		case <-ctx.Done():

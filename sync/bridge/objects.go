@@ -22,7 +22,8 @@ var errBadKey = errors.New("index key is not KIND/NAMESPACE/NAME")
 
 func splitKey(key string) []string { return strings.Split(key, "/") }
 
-// collect calls fn for every object of c that came from the API server.
+// collect calls fn for every object of c that came from the API server,
+// or that the bridge made (a pod's tokens).
 func collect[T any, P interface {
 	*T
 	store.Object
@@ -32,7 +33,7 @@ func collect[T any, P interface {
 		return err
 	}
 	for _, r := range recs {
-		if r.Source != store.SourceAPI {
+		if r.Source != store.SourceAPI && r.Source != store.SourceMQTT {
 			continue
 		}
 		if err := fn(r); err != nil {

@@ -226,6 +226,22 @@ func TestMQTTNodePodsThroughBridge(t *testing.T) {
 		t.Errorf("the pod did not see its config map and secret: %q, %v", logs, err)
 	}
 
+	// A pod with the service account token volume the API server adds by
+	// default: the bridge asks for its token and sends it (no controller
+	// manager publishes kube-root-ca.crt here, so the test does).
+	s.adm.create("configmaps", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt", Namespace: "default"}, Data: map[string]string{"ca.crt": string(s.api.CA.CertPEM())}})
+	sa := apiPod("with-token", n.name, "cd /var/run/secrets/kubernetes.io/serviceaccount && test -s token && grep -q CERTIFICATE ca.crt && exec sleep 100000")
+	sa.Spec.AutomountServiceAccountToken = nil
+	sa.Spec.RestartPolicy = corev1.RestartPolicyNever
+	s.adm.create("pods", sa)
+	waitFor(t, 60*time.Second, "with-token Running with its token", func() (bool, string) {
+		p, err := s.adm.pod("with-token")
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
+	})
+
 	// A Service in the API with endpoints on the MQTT node.
 	ctl := t.TempDir()
 	var backend corev1.Pod
