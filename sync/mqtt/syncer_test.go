@@ -78,14 +78,16 @@ func (h *harness) stop() {
 // look so timers (the index's settling, backoff) fire.
 func (h *harness) eventually(what string, cond func() bool) {
 	h.t.Helper()
-	for range 2000 {
-		if cond() {
-			return
+	// Generous in real time: under qemu-user on a loaded machine a step
+	// takes long.
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
 		h.clk.Advance(100 * time.Millisecond)
 	}
-	h.t.Fatalf("timed out waiting for %s", what)
 }
 
 func testPod(name, uid string) *corev1.Pod {

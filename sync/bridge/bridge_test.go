@@ -1,0 +1,232 @@
+package bridge
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/mqtt"
+)
+
+// recConn is an mqtt.Conn that records what is published; the broker's
+// side (retained messages, echoes) is not simulated.
+type recConn struct {
+	mu   sync.Mutex
+	pubs []recPub
+	done chan struct{}
+}
+
+type recPub struct {
+	topic   string
+	payload []byte
+}
+
+func (c *recConn) Publish(_ context.Context, topic string, _ bool, payload []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pubs = append(c.pubs, recPub{topic, append([]byte(nil), payload...)})
+	return nil
+}
+func (c *recConn) Subscribe(context.Context, ...string) error   { return nil }
+func (c *recConn) Unsubscribe(context.Context, ...string) error { return nil }
+func (c *recConn) SessionPresent() bool                         { return true }
+func (c *recConn) Done() <-chan struct{}                        { return c.done }
+func (c *recConn) LastRead() time.Time                          { return time.Time{} }
+func (c *recConn) Close(bool)                                   {}
+
+func (c *recConn) take() []recPub {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pubs
+	c.pubs = nil
+	return p
+}
+
+func testBridge(t *testing.T) (*Bridge, *store.Store, *clocktest.Fake) {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), store.FileName), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clk := clocktest.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	b := &Bridge{
+		cfg: Config{RequestTimeout: time.Second, MaxMessageBytes: 1 << 20}, deps: Deps{Clock: clk}, log: slog.New(slog.DiscardHandler),
+		nodes: map[string]*node{}, changed: make(chan struct{}), retained: map[string]mqtt.Index{},
+	}
+	return b, st, clk
+}
+
+func bridgePod(name, image string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name)},
+		Spec:       corev1.PodSpec{NodeName: "pi-1", Containers: []corev1.Container{{Name: "c", Image: image}}},
+	}
+}
+
+func topics(pubs []recPub) []string {
+	var out []string
+	for _, p := range pubs {
+		out = append(out, p.topic)
+	}
+	return out
+}
+
+// The publisher sends what differs from the broker's index and the
+// index after it: everything the first time, nothing when nothing
+// changed (a restarted bridge), one object when one changed, an empty
+// retained message for one deleted, everything again for a broker that
+// lost its retained messages.
+func TestPublisherSendsOnlyWhatDiffersFromTheBrokersIndex(t *testing.T) {
+	b, st, clk := testBridge(t)
+	for _, p := range []*corev1.Pod{bridgePod("a", "busybox"), bridgePod("b", "busybox")} {
+		if err := st.Pods().Put(store.SourceAPI, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A static pod in the bridge's store is the node's own: never sent.
+	if err := st.Pods().Put(store.SourceStatic, bridgePod("static", "busybox")); err != nil {
+		t.Fatal(err)
+	}
+	pub := &publisher{b: b, scope: mqtt.ScopeNode, node: "pi-1", st: st}
+	conn := &recConn{done: make(chan struct{})}
+	ctx := context.Background()
+	index := mqtt.NodeIndexTopic("pi-1")
+
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got := conn.take()
+	want := []string{mqtt.DesiredTopic("pi-1", "pods", "default", "a"), mqtt.DesiredTopic("pi-1", "pods", "default", "b"), index}
+	if strings.Join(topics(got), " ") != strings.Join(want, " ") {
+		t.Fatalf("first pass published %v, want %v", topics(got), want)
+	}
+	e, err := mqtt.UnmarshalEnvelope(got[2].payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := mqtt.ParseIndex(e, mqtt.ScopeNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Entries) != 2 || len(x.Hashes) != 2 || x.Generation <= x.Entries["pods/default/a"] {
+		t.Fatalf("index %+v", x)
+	}
+	first := x
+
+	// A restarted bridge that read the same index back publishes nothing.
+	b.retained = map[string]mqtt.Index{index: first}
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if got := conn.take(); len(got) != 0 {
+		t.Fatalf("unchanged pass published %v", topics(got))
+	}
+
+	// One pod changed: that pod and the index, with newer generations.
+	clk.Advance(time.Second)
+	if err := st.Pods().Put(store.SourceAPI, bridgePod("a", "busybox:2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got = conn.take()
+	if want := []string{mqtt.DesiredTopic("pi-1", "pods", "default", "a"), index}; strings.Join(topics(got), " ") != strings.Join(want, " ") {
+		t.Fatalf("after a change published %v, want %v", topics(got), want)
+	}
+	e, _ = mqtt.UnmarshalEnvelope(got[0].payload)
+	if e.Generation <= first.Entries["pods/default/a"] {
+		t.Errorf("changed pod's generation %d, not above %d", e.Generation, first.Entries["pods/default/a"])
+	}
+
+	// One pod deleted: an empty retained message for it, and the index.
+	if _, err := st.Pods().Delete("default", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got = conn.take()
+	if len(got) != 2 || got[0].topic != mqtt.DesiredTopic("pi-1", "pods", "default", "b") || len(got[0].payload) != 0 || got[1].topic != index {
+		t.Fatalf("after a delete published %v", topics(got))
+	}
+
+	// The broker lost its retained messages: everything again.
+	clear(b.retained)
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if got := conn.take(); len(got) != 2 {
+		t.Fatalf("after the broker lost its retained messages published %v, want the pod and the index", topics(got))
+	}
+}
+
+// A node's pod status goes into its journal; a static pod's, which
+// comes with its spec, also puts the pod into the store (for its mirror
+// pod); an older generation is ignored; an empty payload removes the
+// static pod.
+func TestNodePodStatusIntoTheJournal(t *testing.T) {
+	b, st, _ := testBridge(t)
+	n := &node{b: b, name: "pi-1", st: st, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+	static := bridgePod("sensor-pi-1", "busybox")
+	static.Annotations = map[string]string{"kubernetes.io/config.source": "file"}
+	static.Status = corev1.PodStatus{Phase: corev1.PodRunning}
+	body, _ := static.Marshal()
+	topic := mqtt.PodStatusTopic("pi-1", "default", "sensor-pi-1")
+	tp, _ := mqtt.ParseTopic(topic)
+	send := func(gen uint64, body []byte) error {
+		var payload []byte
+		if body != nil {
+			payload = mqtt.Envelope{Kind: "Pod", Generation: gen, Encoding: mqtt.EncodingProtobuf, Body: body}.Marshal()
+		}
+		return n.podStatus(tp, topic, payload)
+	}
+	if err := send(5, body); err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, _ := st.Pods().Get("default", "sensor-pi-1")
+	if !ok || rec.Source != store.SourceStatic || rec.Object.Status.Phase != "" {
+		t.Fatalf("static pod in the store: %v %+v", ok, rec)
+	}
+	es, _ := st.Pending(0, 0)
+	if len(es) != 1 || es[0].Key != "pod/default/sensor-pi-1" {
+		t.Fatalf("journal %+v", es)
+	}
+	var p corev1.Pod
+	if err := p.Unmarshal(es[0].Value); err != nil || p.Status.Phase != corev1.PodRunning || p.UID != static.UID || len(p.Spec.Containers) != 0 {
+		t.Fatalf("journal entry %+v, %v", p, err)
+	}
+
+	older := static.DeepCopy()
+	older.Status.Phase = corev1.PodPending
+	ob, _ := older.Marshal()
+	if err := send(4, ob); err != nil {
+		t.Fatal(err)
+	}
+	es, _ = st.Pending(0, 0)
+	p.Unmarshal(es[0].Value)
+	if p.Status.Phase != corev1.PodRunning {
+		t.Errorf("an older status replaced the newer: %s", p.Status.Phase)
+	}
+
+	if err := send(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := st.Pods().Get("default", "sensor-pi-1"); ok {
+		t.Error("the static pod stayed after its status was cleared")
+	}
+	if err := n.podStatus(tp, topic, []byte("garbage")); err == nil {
+		t.Error("garbage accepted")
+	}
+}
