@@ -147,13 +147,17 @@ func lintianTag(line, kind string) (string, bool) {
 // wantFiles are the package's files and directories with their modes
 // (as `ls -l` shows them) and the deb and rpm paths of the unit.
 var wantFiles = map[string]string{
-	"/usr/bin/outpost":                     "-rwxr-xr-x",
-	"/etc/outpost/config.yaml":             "-rw-r--r--",
-	"/etc/outpost/manifests":               "drwxr-xr-x",
-	"/var/lib/outpost":                     "drwx------",
-	"/usr/share/outpost/config.yaml":       "-rw-r--r--",
-	"/usr/share/outpost/rbac.yaml":         "-rw-r--r--",
-	"/usr/lib/modules-load.d/outpost.conf": "-rw-r--r--",
+	"/usr/bin/outpost":                            "-rwxr-xr-x",
+	"/etc/outpost/config.yaml":                    "-rw-r--r--",
+	"/etc/outpost/manifests":                      "drwxr-xr-x",
+	"/var/lib/outpost":                            "drwx------",
+	"/usr/share/outpost/config.yaml":              "-rw-r--r--",
+	"/usr/share/outpost/rbac.yaml":                "-rw-r--r--",
+	"/usr/share/outpost/mosquitto/mosquitto.conf": "-rw-r--r--",
+	"/usr/share/outpost/mosquitto/acl":            "-rw-r--r--",
+	"/usr/share/outpost/bridge/rbac.yaml":         "-rw-r--r--",
+	"/usr/share/outpost/bridge/deployment.yaml":   "-rw-r--r--",
+	"/usr/lib/modules-load.d/outpost.conf":        "-rw-r--r--",
 }
 
 func checkDeb(t *testing.T, deb, arch string) {
