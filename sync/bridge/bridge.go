@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,7 +29,8 @@ const LabelTransport = "outpost.io/transport"
 type Config struct {
 	// Dir is the scratch directory: a store per node, emptied at start.
 	Dir string
-	// KeepAlive is MQTT's keepalive (default 60 s).
+	// KeepAlive is MQTT's keepalive (default 60 s); the reconnect
+	// backoff never grows past two of them (nor past a minute).
 	KeepAlive time.Duration
 	// MaxMessageBytes refuses larger messages (default 1 MiB).
 	MaxMessageBytes int
@@ -216,7 +219,9 @@ func (b *Bridge) nextGen() uint64 {
 // runLink connects to the broker, reads what it holds, and hands every
 // message to handle, connecting again after a jittered backoff.
 func (b *Bridge) runLink(ctx context.Context) {
-	bo := backoff{min: time.Second, max: time.Minute}
+	// As the agent's: never more than two keepalives between connects,
+	// so a broker that is back is used within three.
+	bo := backoff{min: time.Second, max: max(time.Second, min(time.Minute, 2*b.cfg.KeepAlive))}
 	for ctx.Err() == nil {
 		in := mqtt.NewInbox(mqtt.MaxInboxBytes)
 		conn, err := b.deps.Dial(ctx, mqtt.Will{}, in.Put)
@@ -232,13 +237,20 @@ func (b *Bridge) runLink(ctx context.Context) {
 		b.mu.Lock()
 		b.conn, b.ready = nil, false
 		b.broadcast()
+		nodes := slices.Collect(maps.Values(b.nodes))
 		b.mu.Unlock()
 		if ctx.Err() != nil {
 			conn.Close(true)
 			return
 		}
 		conn.Close(false)
-		b.log.Warn("mqtt broker connection lost", "err", err)
+		// Without the broker nothing is heard of any node, its Last
+		// Will included: each is away, its Lease left to expire, until
+		// the next connection reads its online flag again.
+		b.log.Warn("mqtt broker connection lost; its nodes are away until their online flags are read again", "nodes", len(nodes), "err", err)
+		for _, n := range nodes {
+			n.setOnline(false)
+		}
 		if sleep(ctx, b.deps.Clock, bo.next()) != nil {
 			return
 		}
@@ -249,7 +261,6 @@ func (b *Bridge) runLink(ctx context.Context) {
 // holds), then the nodes' statuses, online flags and events.
 func (b *Bridge) session(ctx context.Context, conn mqtt.Conn, in *mqtt.Inbox) error {
 	sctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	if !conn.SessionPresent() {
 		b.log.Info("mqtt broker holds no session of the bridge; what it retains is read from its indexes")
 	}
@@ -258,7 +269,12 @@ func (b *Bridge) session(ctx context.Context, conn mqtt.Conn, in *mqtt.Inbox) er
 	b.conn = conn
 	b.mu.Unlock()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// The handler goroutine ends with sctx: cancel before waiting for
+	// it, or a lost connection would wait forever.
+	defer func() {
+		cancel(nil)
+		wg.Wait()
+	}()
 	wg.Go(func() {
 		for {
 			select {

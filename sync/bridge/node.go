@@ -40,6 +40,10 @@ type node struct {
 	// gens are the generations of the statuses applied, by topic: an
 	// older one delivered late is ignored.
 	gens map[string]uint64
+	// online is what the bridge last heard of the node's online flag
+	// (false too while it has no broker connection); the Lease is
+	// renewed only while it is true.
+	online bool
 }
 
 // ensureNode returns the node of name, starting it on first sight.
@@ -129,7 +133,12 @@ func (n *node) nodeFacts() kube.NodeFacts {
 	return n.facts
 }
 
+// setOnline records the node's online flag and has sync/kube renew its
+// Lease only while it is true.
 func (n *node) setOnline(online bool) {
+	n.mu.Lock()
+	n.online = online
+	n.mu.Unlock()
 	if n.kube != nil {
 		n.kube.SetPresent(online)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/mqtt"
@@ -50,6 +51,14 @@ func (p *publisher) loop(ctx context.Context) {
 	bo := backoff{min: 500e6, max: 30e9}
 	for {
 		conn, connChanged := p.b.current()
+		if conn != nil && !p.listed() {
+			// What the store lacks is deleted on the broker: not before
+			// the API server's objects are in it.
+			if sleep(ctx, p.b.deps.Clock, listedPoll) != nil {
+				return
+			}
+			continue
+		}
 		if conn != nil {
 			if err := p.pass(ctx, conn); err != nil {
 				if ctx.Err() != nil {
@@ -71,6 +80,27 @@ func (p *publisher) loop(ctx context.Context) {
 		case <-p.wake:
 		}
 	}
+}
+
+// listedPoll is how often a publisher looks whether its store was
+// listed.
+const listedPoll = 100 * time.Millisecond
+
+// listed reports whether sync/kube listed the scope's resources into the
+// store once (it records their resume versions then): the bridge's store
+// starts empty, and a pass before the list would delete on the broker,
+// and on the node, every object it holds.
+func (p *publisher) listed() bool {
+	resources := []string{"pods"}
+	if p.scope == mqtt.ScopeCluster {
+		resources = []string{"services", "endpointslices"}
+	}
+	for _, r := range resources {
+		if rv, err := p.st.ResumeVersion(r); err != nil || rv == "" {
+			return false
+		}
+	}
+	return true
 }
 
 // desired lists the scope's objects from the API server in the store.

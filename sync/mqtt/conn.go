@@ -73,7 +73,12 @@ type PahoConfig struct {
 	// KeepAlive is MQTT's keepalive; the ping timeout is a third of it
 	// (at least 5 s).
 	KeepAlive time.Duration
-	// ConnectTimeout bounds a connect, TLS handshake included.
+	// ConnectTimeout bounds a connect, TLS handshake included, and each
+	// write. By default a write has 30 s and a connect 30 s or KeepAlive
+	// when that is shorter: a connect that started while the link was
+	// down is given up in time for the next one to find the link back
+	// within three keepalives, whatever the TCP retransmission schedule
+	// of its SYN.
 	ConnectTimeout time.Duration
 	// Counter, if set, counts the bytes of every connection.
 	Counter *ByteCounter
@@ -88,8 +93,14 @@ type ByteCounter struct {
 // persistent session (clean session off), no automatic reconnect (the
 // Syncer makes a new client each time), automatic acks off.
 func PahoDialer(cfg PahoConfig) Dialer {
+	// A write (a large message on a slow link) keeps the longer bound.
+	writeTimeout := cfg.ConnectTimeout
 	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = 30 * time.Second
+		writeTimeout = 30 * time.Second
+		cfg.ConnectTimeout = writeTimeout
+		if cfg.KeepAlive > 0 {
+			cfg.ConnectTimeout = min(cfg.ConnectTimeout, cfg.KeepAlive)
+		}
 	}
 	return func(ctx context.Context, will Will, handle func(Message)) (Conn, error) {
 		c := &pahoConn{done: make(chan struct{})}
@@ -106,7 +117,7 @@ func PahoDialer(cfg PahoConfig) Dialer {
 			SetKeepAlive(cfg.KeepAlive).
 			SetPingTimeout(max(5*time.Second, cfg.KeepAlive/3)).
 			SetConnectTimeout(cfg.ConnectTimeout).
-			SetWriteTimeout(cfg.ConnectTimeout).
+			SetWriteTimeout(writeTimeout).
 			SetStore(paho.NewMemoryStore()).
 			SetCustomOpenConnectionFn(c.open(cfg)).
 			SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {

@@ -163,6 +163,19 @@ func (s *Syncer) runNodeStatus(ctx context.Context) {
 	}
 }
 
+// journalNodeStatus writes the node's status to the journal whether or
+// not it changed.
+func (s *Syncer) journalNodeStatus() {
+	data, err := s.nodeStatus()
+	if err != nil {
+		s.log.Warn("encode node status", "err", err)
+		return
+	}
+	if _, err := s.deps.Store.Append(NodeJournalKey(s.cfg.NodeName), data); err != nil {
+		s.log.Warn("journal node status", "err", err)
+	}
+}
+
 // nodeStatus is the node's status as published: a Node with the board's
 // labels and the facts' status, its conditions without times.
 func (s *Syncer) nodeStatus() ([]byte, error) {

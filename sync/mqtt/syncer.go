@@ -21,7 +21,9 @@ type Config struct {
 	// Broker is shown as the link's peer (the first broker URL).
 	Broker string
 	// KeepAlive is MQTT's keepalive (default 60 s); a connection the
-	// broker sent nothing on for three of them is dropped and made anew.
+	// broker sent nothing on for three of them is dropped and made anew,
+	// and the reconnect backoff never grows past two of them (nor past
+	// maxBackoff), so a link that comes back is used again within three.
 	KeepAlive time.Duration
 	// MaxMessageBytes refuses larger messages (default 1 MiB).
 	MaxMessageBytes int
@@ -171,7 +173,7 @@ func (s *Syncer) notePublished() {
 // runLink connects, runs a session until the connection ends, and
 // connects again after a jittered backoff, until ctx ends.
 func (s *Syncer) runLink(ctx context.Context) {
-	bo := backoff{min: time.Second, max: 2 * time.Minute}
+	bo := backoff{min: time.Second, max: max(time.Second, min(maxBackoff, 2*s.cfg.KeepAlive))}
 	will := Will{Topic: OnlineTopic(s.cfg.NodeName), Payload: []byte(OnlineFalse), Retained: true}
 	for ctx.Err() == nil {
 		in := NewInbox(MaxInboxBytes)
@@ -189,9 +191,11 @@ func (s *Syncer) runLink(ctx context.Context) {
 			}
 			continue
 		}
-		s.m.connects.Add(1)
+		// The first connection of a run publishes the node's status
+		// anyway (runNodeStatus).
+		resend := s.m.connects.Add(1) > 1
 		start := s.deps.Clock.Now()
-		err = s.session(ctx, conn, in)
+		err = s.session(ctx, conn, in, resend)
 		if ctx.Err() != nil {
 			s.goOffline(conn)
 			s.setConnected(false, false)
@@ -222,8 +226,9 @@ func (s *Syncer) goOffline(conn Conn) {
 
 // session runs one connection: subscribe, say online, then drain the
 // journal and apply what comes in until the connection ends or ctx does.
-// It returns why the connection ended.
-func (s *Syncer) session(ctx context.Context, conn Conn, in *Inbox) error {
+// resendStatus says a broker with no session of the node gets its status
+// again. It returns why the connection ended.
+func (s *Syncer) session(ctx context.Context, conn Conn, in *Inbox, resendStatus bool) error {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	node := s.cfg.NodeName
@@ -235,6 +240,13 @@ func (s *Syncer) session(ctx context.Context, conn Conn, in *Inbox) error {
 		})
 		if err != nil {
 			return err
+		}
+		// A broker with no session of the node may have lost what it
+		// retained too (its persistence file): the node's status goes
+		// again, as a bridge started later registers the Node from it
+		// and would otherwise wait for its next change.
+		if resendStatus {
+			s.journalNodeStatus()
 		}
 	}
 	// Subscribing again to a filter the session has makes the broker send
@@ -318,6 +330,9 @@ func (s *Syncer) sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// maxBackoff bounds the wait between two connects for a long keepalive.
+const maxBackoff = 2 * time.Minute
 
 // backoff is exponential with jitter, as sync/kube's: each delay doubles
 // up to max and a random half of it is taken off, so a fleet that lost

@@ -94,9 +94,11 @@ func newNode(t testing.TB, name string) *node {
 	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
 	t.Cleanup(func() {
 		n.kill()
-		// Pod namespaces the agent made; pods of this test only.
+		// Pod namespaces the agent made; pods of this test only. The
+		// node namespaces of tests running beside this one (another go
+		// test process) are theirs to delete.
 		for e := range netnsEntries() {
-			if !before[e] && strings.HasPrefix(e, "outpost-") && e != n.netns {
+			if !before[e] && strings.HasPrefix(e, "outpost-") && !strings.HasPrefix(e, "outpost-e2e-") {
 				p := filepath.Join("/run/netns", e)
 				syscall.Unmount(p, syscall.MNT_DETACH)
 				os.Remove(p)

@@ -1,0 +1,175 @@
+package bridge
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/mqtt"
+)
+
+// waitUntil polls cond in real time, for what goroutines do between the
+// fake clock's steps.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (b *Bridge) isReady() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ready
+}
+
+func (c *recConn) published() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pubs)
+}
+
+func (n *node) isOnline() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.online
+}
+
+// A session ends when its connection is lost. It used to wait for its
+// message handler before cancelling it, forever: a bridge whose broker
+// restarted never connected again (TestMQTTBrokerRestarts saw it).
+func TestSessionEndsWhenItsConnectionIsLost(t *testing.T) {
+	b, _, clk := testBridge(t)
+	b.cfg.IndexWait = time.Second
+	conn := &recConn{done: make(chan struct{})}
+	ended := make(chan error, 1)
+	go func() { ended <- b.session(context.Background(), conn, mqtt.NewInbox(1<<20)) }()
+	waitUntil(t, "the wait for the indexes", func() bool { return clk.Waiters() > 0 })
+	clk.Advance(time.Second)
+	waitUntil(t, "the session ready", b.isReady)
+	close(conn.done)
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Error("a lost connection ended the session with no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session did not end after its connection was lost")
+	}
+}
+
+// Without a broker connection the bridge hears nothing of a node, not
+// even its Last Will: every node is away (its Lease left to expire) from
+// the loss until the next connection reads its online flag again.
+func TestNodesAreAwayWhileTheBridgeHasNoBroker(t *testing.T) {
+	b, st, clk := testBridge(t)
+	b.cfg.IndexWait = time.Second
+	type dialed struct {
+		conn   *recConn
+		handle func(mqtt.Message)
+	}
+	conns := make(chan *recConn, 2)
+	dials := make(chan dialed, 2)
+	b.deps.Dial = func(ctx context.Context, _ mqtt.Will, handle func(mqtt.Message)) (mqtt.Conn, error) {
+		select {
+		case c := <-conns:
+			dials <- dialed{c, handle}
+			return c, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	n := &node{b: b, name: "pi-1", st: st, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+	b.nodes["pi-1"] = n
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { b.runLink(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// advance lets the timers the link waits on (the indexes, the
+	// backoff) fire until cond holds.
+	advance := func(what string, cond func() bool) {
+		t.Helper()
+		waitUntil(t, what, func() bool {
+			if clk.Waiters() > 0 {
+				clk.Advance(100 * time.Millisecond)
+			}
+			return cond()
+		})
+	}
+	conns <- &recConn{done: make(chan struct{})}
+	first := <-dials
+	advance("the first connection ready", b.isReady)
+	first.handle(mqtt.Message{Topic: mqtt.OnlineTopic("pi-1"), Payload: []byte(mqtt.OnlineTrue)})
+	waitUntil(t, "the node online", n.isOnline)
+
+	close(first.conn.done)
+	waitUntil(t, "the node away once the broker connection was lost", func() bool { return !n.isOnline() })
+
+	conns <- &recConn{done: make(chan struct{})}
+	var second dialed
+	advance("a second connection", func() bool {
+		select {
+		case second = <-dials:
+			return true
+		default:
+			return false
+		}
+	})
+	advance("the second connection ready", b.isReady)
+	if n.isOnline() {
+		t.Fatal("the node online again before its online flag was read")
+	}
+	second.handle(mqtt.Message{Topic: mqtt.OnlineTopic("pi-1"), Payload: []byte(mqtt.OnlineTrue)})
+	waitUntil(t, "the node online again", n.isOnline)
+}
+
+// A publisher deletes nothing on the broker before sync/kube listed the
+// node's pods into the bridge's store (empty at start): a pass before
+// the list would have published an empty retained message for every
+// pod the broker holds, and the node would have stopped them all.
+func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
+	b, st, clk := testBridge(t)
+	index := mqtt.NodeIndexTopic("pi-1")
+	b.retained[index] = mqtt.Index{Generation: 10, Entries: map[string]uint64{"pods/default/a": 5}, Hashes: map[string]string{"pods/default/a": "0123456789abcdef"}}
+	conn := &recConn{done: make(chan struct{})}
+	b.conn, b.ready = conn, true
+	pub := &publisher{b: b, scope: mqtt.ScopeNode, node: "pi-1", st: st, wake: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { pub.loop(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	for range 20 {
+		waitUntil(t, "the publisher waiting or publishing", func() bool { return clk.Waiters() > 0 || conn.published() > 0 })
+		if got := conn.take(); len(got) != 0 {
+			t.Fatalf("published %v before the store was listed", topics(got))
+		}
+		clk.Advance(listedPoll)
+	}
+
+	if err := st.Pods().Put(store.SourceAPI, bridgePod("a", "busybox")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetResumeVersion("pods", "100"); err != nil {
+		t.Fatal(err)
+	}
+	var pubs []recPub
+	waitUntil(t, "the index published once the store was listed", func() bool {
+		if clk.Waiters() > 0 {
+			clk.Advance(listedPoll)
+		}
+		pubs = append(pubs, conn.take()...)
+		return len(pubs) > 0 && pubs[len(pubs)-1].topic == index
+	})
+	for _, p := range pubs {
+		if p.topic == mqtt.DesiredTopic("pi-1", mqtt.KindPods, "default", "a") && len(p.payload) == 0 {
+			t.Errorf("pod a deleted on the broker: published %v", topics(pubs))
+		}
+	}
+}
