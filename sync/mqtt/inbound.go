@@ -181,9 +181,6 @@ func (p *processor) handle(ctx context.Context, m Message) error {
 		s.log.Debug("mqtt: desired object stored", "topic", m.Topic)
 	case applyDeleted:
 		s.log.Info("mqtt: desired object deleted", "topic", m.Topic)
-		if t.Kind == KindPods {
-			return p.clearStatus(ctx, t.Namespace, t.Name)
-		}
 	case applyStale:
 		s.m.stale.Add(1)
 		s.log.Debug("mqtt: older generation than the store's ignored", "topic", m.Topic)
@@ -264,11 +261,6 @@ func (p *processor) reconcile(ctx context.Context) error {
 			if ok {
 				deleted++
 			}
-			if ok && t.Kind == KindPods {
-				if err := p.clearStatus(ctx, t.Namespace, t.Name); err != nil {
-					return err
-				}
-			}
 		}
 		s.m.indexes.Add(1)
 		if len(fetch) > 0 || deleted > 0 {
@@ -313,12 +305,6 @@ func (p *processor) endFetches(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// clearStatus removes the retained status of a pod no longer desired, so
-// a bridge started later finds no status of it.
-func (p *processor) clearStatus(ctx context.Context, namespace, name string) error {
-	return p.s.publish(ctx, p.conn, PodStatusTopic(p.s.cfg.NodeName, namespace, name), true, nil, "status-pods")
 }
 
 func scopeName(s Scope) string {

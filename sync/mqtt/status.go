@@ -36,13 +36,19 @@ const (
 // NodeJournalKey is the journal key of the node's status.
 func NodeJournalKey(node string) string { return "node/" + node }
 
-// drain publishes the journal and the queued events until ctx ends or a
+// drain publishes the journal and the queued events, and clears the
+// retained status of pods no longer in the store, until ctx ends or a
 // publish fails.
 func (s *Syncer) drain(ctx context.Context, conn Conn) error {
 	journal, cancel := s.deps.Store.Subscribe(store.KindJournal)
 	defer cancel()
+	pods, cancelPods := s.deps.Store.Subscribe(store.KindPod)
+	defer cancelPods()
 	for {
 		if err := s.drainJournal(ctx, conn); err != nil {
+			return err
+		}
+		if err := s.clearGone(ctx, conn); err != nil {
 			return err
 		}
 		if err := s.sendEvents(ctx, conn); err != nil {
@@ -52,9 +58,39 @@ func (s *Syncer) drain(ctx context.Context, conn Conn) error {
 		case <-ctx.Done():
 			return nil
 		case <-journal:
+		case <-pods:
 		case <-s.events.wake:
 		}
 	}
+}
+
+// clearGone empties the retained status topic of every pod whose status
+// this agent published and that the store no longer holds (deleted over
+// MQTT, or a static pod whose manifest went), so a bridge started later
+// finds no status of it and the static pod's mirror pod goes.
+func (s *Syncer) clearGone(ctx context.Context, conn Conn) error {
+	if len(s.sent) == 0 {
+		return nil
+	}
+	recs, err := s.deps.Store.Pods().List()
+	if err != nil {
+		return nil // cleared on a later pass
+	}
+	have := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		have[store.Key(r.Object.Namespace, r.Object.Name)] = true
+	}
+	for key := range s.sent {
+		if have[key] {
+			continue
+		}
+		ns, name, _ := strings.Cut(key, "/")
+		if err := s.publish(ctx, conn, PodStatusTopic(s.cfg.NodeName, ns, name), true, nil, "status-pods"); err != nil {
+			return err
+		}
+		delete(s.sent, key)
+	}
+	return nil
 }
 
 func (s *Syncer) drainJournal(ctx context.Context, conn Conn) error {
@@ -78,6 +114,9 @@ func (s *Syncer) drainJournal(ctx context.Context, conn Conn) error {
 					return err
 				}
 				s.notePublished()
+				if ns, name, ok := strings.Cut(strings.TrimPrefix(e.Key, "pod/"), "/"); ok && kind == "status-pods" {
+					s.sent[store.Key(ns, name)] = true
+				}
 			}
 			if _, err := s.deps.Store.Ack(e); err != nil {
 				return fmt.Errorf("acknowledge status %s: %w", e.Key, err)

@@ -97,6 +97,10 @@ type Syncer struct {
 	link Link
 
 	events eventQueue
+	// sent are the pods whose status this agent published, by
+	// namespace/name; only the session's drain uses it, one session at
+	// a time.
+	sent map[string]bool
 }
 
 // New returns a Syncer; it starts nothing until Run.
@@ -114,7 +118,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 		deps.NodeFacts = func() NodeFacts { return NodeFacts{} }
 	}
 	cfg.setDefaults()
-	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log}
+	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, sent: map[string]bool{}}
 	s.m.init()
 	s.link = Link{Broker: cfg.Broker, Since: deps.Clock.Now()}
 	s.events.wake = make(chan struct{}, 1)

@@ -407,3 +407,31 @@ func TestWatchdogReplacesASilentConnection(t *testing.T) {
 		t.Errorf("watchdog resets %d, want 1", h.s.Counts().Watchdog)
 	}
 }
+
+// A static pod whose manifest went (the store no longer holds it) has
+// its retained status cleared, so the bridge deletes its mirror pod; its
+// status carried its spec, for that mirror pod.
+func TestStaticPodStatusClearedWhenItGoes(t *testing.T) {
+	h := newHarness(t)
+	h.start()
+	static := testPod("sensor-pi-1", "s1")
+	if err := h.st.Pods().Put(store.SourceStatic, static); err != nil {
+		t.Fatal(err)
+	}
+	entry := &corev1.Pod{ObjectMeta: static.ObjectMeta, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	data, _ := entry.Marshal()
+	if _, err := h.st.Append("pod/default/sensor-pi-1", data); err != nil {
+		t.Fatal(err)
+	}
+	topic := PodStatusTopic(testNode, "default", "sensor-pi-1")
+	h.eventually("static pod status retained", func() bool { return h.b.retainedAt(topic) != nil })
+	e, _ := UnmarshalEnvelope(h.b.retainedAt(topic))
+	var full corev1.Pod
+	if err := full.Unmarshal(e.Body); err != nil || len(full.Spec.Containers) != 1 || full.Status.Phase != corev1.PodRunning {
+		t.Fatalf("a static pod's status without its spec: %+v, %v", full, err)
+	}
+	if _, err := h.st.Pods().Delete("default", "sensor-pi-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("status cleared", func() bool { return h.b.retainedAt(topic) == nil })
+}
