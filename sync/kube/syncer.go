@@ -257,9 +257,11 @@ func (s *Syncer) setConnected(ok bool) {
 	if !ok {
 		s.nodeSynced = false
 	}
-	if ok {
+	switch {
+	case ok:
 		s.log.Info("api server reachable", "server", s.link.Server)
-	} else {
+	case !s.absent:
+		// A node that went away (SetPresent) says so itself.
 		s.log.Warn("api server unreachable; pods keep running from the store", "server", s.link.Server, "err", s.link.LastError)
 	}
 	s.broadcast()
