@@ -220,6 +220,18 @@ func TestNodePodStatusIntoTheJournal(t *testing.T) {
 		t.Errorf("an older status replaced the newer: %s", p.Status.Phase)
 	}
 
+	// A node whose store was made anew numbers its journal from 1 again:
+	// heard once it says it is online (each connection of it does).
+	n.setOnline(true)
+	if err := send(2, ob); err != nil {
+		t.Fatal(err)
+	}
+	es, _ = st.Pending(0, 0)
+	p.Unmarshal(es[0].Value)
+	if p.Status.Phase != corev1.PodPending {
+		t.Errorf("after the node came online again, its status with a lower generation was ignored: %s", p.Status.Phase)
+	}
+
 	if err := send(0, nil); err != nil {
 		t.Fatal(err)
 	}

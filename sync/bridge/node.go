@@ -135,9 +135,17 @@ func (n *node) nodeFacts() kube.NodeFacts {
 
 // setOnline records the node's online flag and has sync/kube renew its
 // Lease only while it is true.
+//
+// A node says online at the start of each of its connections, before any
+// status of it: generations order the statuses of one connection and
+// after, so they are forgotten then, and a node whose store was made
+// anew (its journal numbering starts again) is heard at once.
 func (n *node) setOnline(online bool) {
 	n.mu.Lock()
 	n.online = online
+	if online {
+		clear(n.gens)
+	}
 	n.mu.Unlock()
 	if n.kube != nil {
 		n.kube.SetPresent(online)
