@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
@@ -170,7 +170,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 // adoptNodes starts the nodes the API server already knows as MQTT
 // nodes, so their desired state is published while they are away too.
 func (b *Bridge) adoptNodes(ctx context.Context) {
-	bo := backoff{min: time.Second, max: time.Minute}
+	bo := backoff.Backoff{Min: time.Second, Max: time.Minute}
 	for {
 		var list corev1.NodeList
 		err := b.deps.Client.Core.Get().Resource("nodes").
@@ -183,7 +183,7 @@ func (b *Bridge) adoptNodes(ctx context.Context) {
 			return
 		}
 		b.log.Warn("list mqtt nodes; retrying", "err", err)
-		if sleep(ctx, b.deps.Clock, bo.next()) != nil {
+		if sleep(ctx, b.deps.Clock, bo.Next()) != nil {
 			return
 		}
 	}
@@ -221,18 +221,18 @@ func (b *Bridge) nextGen() uint64 {
 func (b *Bridge) runLink(ctx context.Context) {
 	// As the agent's: never more than two keepalives between connects,
 	// so a broker that is back is used within three.
-	bo := backoff{min: time.Second, max: max(time.Second, min(time.Minute, 2*b.cfg.KeepAlive))}
+	bo := backoff.Backoff{Min: time.Second, Max: max(time.Second, min(time.Minute, 2*b.cfg.KeepAlive))}
 	for ctx.Err() == nil {
 		in := mqtt.NewInbox(mqtt.MaxInboxBytes)
 		conn, err := b.deps.Dial(ctx, mqtt.Will{}, in.Put)
 		if err != nil {
 			b.log.Warn("mqtt broker not reachable; retrying", "err", err)
-			if sleep(ctx, b.deps.Clock, bo.next()) != nil {
+			if sleep(ctx, b.deps.Clock, bo.Next()) != nil {
 				return
 			}
 			continue
 		}
-		bo.reset()
+		bo.Reset()
 		err = b.session(ctx, conn, in)
 		b.mu.Lock()
 		b.conn, b.ready = nil, false
@@ -251,7 +251,7 @@ func (b *Bridge) runLink(ctx context.Context) {
 		for _, n := range nodes {
 			n.setOnline(false)
 		}
-		if sleep(ctx, b.deps.Clock, bo.next()) != nil {
+		if sleep(ctx, b.deps.Clock, bo.Next()) != nil {
 			return
 		}
 	}
@@ -419,20 +419,3 @@ func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
 		return nil
 	}
 }
-
-// backoff is exponential with jitter.
-type backoff struct {
-	min, max time.Duration
-	cur      time.Duration
-}
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }

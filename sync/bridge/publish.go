@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
@@ -48,7 +49,7 @@ func (p *publisher) loop(ctx context.Context) {
 	}
 	changes, cancel := p.st.Subscribe(kinds...)
 	defer cancel()
-	bo := backoff{min: 500e6, max: 30e9}
+	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
 	for {
 		conn, connChanged := p.b.current()
 		if conn != nil && !p.listed() {
@@ -65,12 +66,12 @@ func (p *publisher) loop(ctx context.Context) {
 					return
 				}
 				p.b.log.Warn("publish desired objects; retrying", "index", p.indexTopic(), "err", err)
-				if sleep(ctx, p.b.deps.Clock, bo.next()) != nil {
+				if sleep(ctx, p.b.deps.Clock, bo.Next()) != nil {
 					return
 				}
 				continue
 			}
-			bo.reset()
+			bo.Reset()
 		}
 		select {
 		case <-ctx.Done():

@@ -70,7 +70,7 @@ func (c *certSlot) run(ctx context.Context, request func(context.Context) error)
 		}
 		err := request(ctx)
 		if err == nil {
-			bo.reset()
+			bo.Reset()
 			continue
 		}
 		if ctx.Err() != nil {
@@ -82,7 +82,7 @@ func (c *certSlot) run(ctx context.Context, request func(context.Context) error)
 		} else {
 			c.setState(CertFailing, err.Error(), "")
 		}
-		sleepClock(ctx, c.clock, bo.next())
+		sleepClock(ctx, c.clock, bo.Next())
 	}
 }
 

@@ -48,7 +48,7 @@ func (s *Syncer) runNode(ctx context.Context) {
 		}
 		err := n.connect(ctx)
 		if err == nil {
-			b.reset()
+			b.Reset()
 			err = n.keepAlive(ctx)
 		}
 		if ctx.Err() != nil {
@@ -59,7 +59,7 @@ func (s *Syncer) runNode(ctx context.Context) {
 			s.setConnected(false)
 			continue
 		}
-		wait := b.next()
+		wait := b.Next()
 		n.fail(err, wait)
 		if s.sleep(ctx, wait) != nil {
 			return

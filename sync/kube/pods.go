@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 
+	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -314,7 +315,7 @@ func (s *Syncer) listWatch(ctx context.Context, lw *listWatch, rv string) {
 		case err != nil:
 			s.retryLater(ctx, &bo, lw.what, err)
 		default:
-			bo.reset()
+			bo.Reset()
 		}
 	}
 }
@@ -323,16 +324,16 @@ func (s *Syncer) listWatch(ctx context.Context, lw *listWatch, rv string) {
 // failure after a healthy watch is logged at Info, the retries that
 // follow at Debug: an outage is reported once (and by the Lease), not
 // once per retry of every watch.
-func (s *Syncer) retryLater(ctx context.Context, bo *backoff, what string, err error) {
+func (s *Syncer) retryLater(ctx context.Context, bo *backoff.Backoff, what string, err error) {
 	if ctx.Err() != nil {
 		return
 	}
 	s.noteErr(err)
 	level := slog.LevelDebug
-	if bo.cur == 0 {
+	if bo.Fresh() {
 		level = slog.LevelInfo
 	}
-	d := bo.next()
+	d := bo.Next()
 	s.log.Log(ctx, level, "watch failed; retrying", "watch", what, "in", d, "err", err)
 	_ = s.sleep(ctx, d)
 }

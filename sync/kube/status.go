@@ -82,14 +82,14 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 		}
 		if err != nil {
 			s.noteErr(err)
-			wait := bo.next()
+			wait := bo.Next()
 			s.log.Debug("status sink: retrying", "in", wait, "err", err)
 			if s.sleep(ctx, wait) != nil {
 				return
 			}
 			continue
 		}
-		bo.reset()
+		bo.Reset()
 		if again {
 			continue
 		}

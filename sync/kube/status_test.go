@@ -486,7 +486,7 @@ func TestStatusLoopWaitsForNodeThenBacksOff(t *testing.T) {
 	if u.backlog() != 1 {
 		t.Fatal("status acknowledged after a failed patch")
 	}
-	u.clk.Advance(newReconnectBackoff().max)
+	u.clk.Advance(newReconnectBackoff().Max)
 	sinkEventually(t, "status sent on retry", func() bool { return u.backlog() == 0 })
 	u.wantCalls("list", "patch default/web uid=u1 phase=Running", "patch default/web uid=u1 phase=Running")
 	u.api.mu.Lock()

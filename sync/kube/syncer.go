@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/store"
 )
@@ -318,27 +318,10 @@ func (s *Syncer) sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// backoff is exponential with jitter: each delay doubles up to max, and a
-// random half of it is taken off, so a fleet that lost its link at the same
-// moment does not come back in step.
-type backoff struct {
-	min, max time.Duration
-	cur      time.Duration
-}
-
 // newReconnectBackoff is the 1 s to 2 min.
-func newReconnectBackoff() backoff { return backoff{min: time.Second, max: 2 * time.Minute} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
+func newReconnectBackoff() backoff.Backoff {
+	return backoff.Backoff{Min: time.Second, Max: 2 * time.Minute}
 }
-
-func (b *backoff) reset() { b.cur = 0 }
 
 // limiter is a token bucket on the injected clock.
 type limiter struct {

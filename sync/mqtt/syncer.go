@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/store"
 )
@@ -177,7 +177,7 @@ func (s *Syncer) notePublished() {
 // runLink connects, runs a session until the connection ends, and
 // connects again after a jittered backoff, until ctx ends.
 func (s *Syncer) runLink(ctx context.Context) {
-	bo := backoff{min: time.Second, max: max(time.Second, min(maxBackoff, 2*s.cfg.KeepAlive))}
+	bo := backoff.Backoff{Min: time.Second, Max: max(time.Second, min(maxBackoff, 2*s.cfg.KeepAlive))}
 	will := Will{Topic: OnlineTopic(s.cfg.NodeName), Payload: []byte(OnlineFalse), Retained: true}
 	for ctx.Err() == nil {
 		in := NewInbox(MaxInboxBytes)
@@ -188,7 +188,7 @@ func (s *Syncer) runLink(ctx context.Context) {
 			}
 			s.noteErr(err)
 			s.setConnected(false, false)
-			wait := bo.next()
+			wait := bo.Next()
 			s.log.Debug("mqtt connect failed; retrying", "in", wait, "err", err)
 			if s.sleep(ctx, wait) != nil {
 				return
@@ -209,9 +209,9 @@ func (s *Syncer) runLink(ctx context.Context) {
 		s.noteErr(err)
 		s.setConnected(false, false)
 		if s.deps.Clock.Since(start) > 3*s.cfg.KeepAlive {
-			bo.reset()
+			bo.Reset()
 		}
-		if s.sleep(ctx, bo.next()) != nil {
+		if s.sleep(ctx, bo.Next()) != nil {
 			return
 		}
 	}
@@ -337,22 +337,3 @@ func (s *Syncer) sleep(ctx context.Context, d time.Duration) error {
 
 // maxBackoff bounds the wait between two connects for a long keepalive.
 const maxBackoff = 2 * time.Minute
-
-// backoff is exponential with jitter, as sync/kube's: each delay doubles
-// up to max and a random half of it is taken off, so a fleet that lost
-// its broker at once does not come back in step.
-type backoff struct {
-	min, max time.Duration
-	cur      time.Duration
-}
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }
