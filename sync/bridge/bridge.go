@@ -249,7 +249,7 @@ func (b *Bridge) runLink(ctx context.Context) {
 		// the next connection reads its online flag again.
 		b.log.Warn("mqtt broker connection lost; its nodes are away until their online flags are read again", "nodes", len(nodes), "err", err)
 		for _, n := range nodes {
-			n.setOnline(false)
+			n.setOnline(false, false)
 		}
 		if sleep(ctx, b.deps.Clock, bo.Next()) != nil {
 			return
@@ -341,7 +341,7 @@ func (b *Bridge) handle(m mqtt.Message) {
 	case t.Index:
 		b.noteIndex(t, m.Payload)
 	case t.Online:
-		b.ensureNode(t.Node).setOnline(string(m.Payload) == mqtt.OnlineTrue)
+		b.ensureNode(t.Node).setOnline(string(m.Payload) == mqtt.OnlineTrue, !m.Retained)
 	case t.Status == "node":
 		if err := b.ensureNode(t.Node).nodeStatus(m.Payload); err != nil {
 			b.reject(m.Topic, "invalid", err)

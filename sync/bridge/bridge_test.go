@@ -220,9 +220,21 @@ func TestNodePodStatusIntoTheJournal(t *testing.T) {
 		t.Errorf("an older status replaced the newer: %s", p.Status.Phase)
 	}
 
+	// The retained online flag again (the bridge subscribed anew): an
+	// older status, retained too, is still older.
+	n.setOnline(true, false)
+	if err := send(4, ob); err != nil {
+		t.Fatal(err)
+	}
+	es, _ = st.Pending(0, 0)
+	p.Unmarshal(es[0].Value)
+	if p.Status.Phase != corev1.PodRunning {
+		t.Errorf("after a retained online flag, an older status replaced the newer: %s", p.Status.Phase)
+	}
 	// A node whose store was made anew numbers its journal from 1 again:
-	// heard once it says it is online (each connection of it does).
-	n.setOnline(true)
+	// heard once it says, live, that it is online (each connection of
+	// it does).
+	n.setOnline(true, true)
 	if err := send(2, ob); err != nil {
 		t.Fatal(err)
 	}

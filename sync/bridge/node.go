@@ -136,14 +136,17 @@ func (n *node) nodeFacts() kube.NodeFacts {
 // setOnline records the node's online flag and has sync/kube renew its
 // Lease only while it is true.
 //
-// A node says online at the start of each of its connections, before any
-// status of it: generations order the statuses of one connection and
-// after, so they are forgotten then, and a node whose store was made
-// anew (its journal numbering starts again) is heard at once.
-func (n *node) setOnline(online bool) {
+// A live true (not a retained copy, which the broker sends again at every
+// subscribe of the bridge) starts a new connection of the node, before
+// any status of it: generations order the statuses of one node's store,
+// so they are forgotten then, and a node whose store was made anew (its
+// journal numbering starts again) is heard at once. A retained true keeps
+// them, so the retained statuses the broker sends again after the
+// bridge's own reconnect are not written a second time.
+func (n *node) setOnline(online, live bool) {
 	n.mu.Lock()
 	n.online = online
-	if online {
+	if online && live {
 		clear(n.gens)
 	}
 	n.mu.Unlock()
