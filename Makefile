@@ -67,6 +67,7 @@ bench:
 	@scripts/bench-size.sh
 	@scripts/bench-proxy.sh
 	$(GO) test -run '^$$' -bench BenchmarkKubeletAPI -benchtime 1x -timeout 20m ./test/e2e/
+	$(GO) test -run '^$$' -bench BenchmarkMQTT -benchtime 1x -timeout 60m ./test/e2e/
 
 demo: build
 	@scripts/demo.sh
