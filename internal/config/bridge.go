@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 
 	"k8s.io/apimachinery/pkg/util/validation"
-
-	"github.com/outpost-edge/outpost/internal/yamlcheck"
 )
 
 // Bridge is the configuration of `outpost bridge`, the cloud side of the
@@ -58,17 +56,8 @@ func LoadBridge(path string) (Bridge, error) {
 // ParseBridge decodes data (named name in errors) over the defaults.
 func ParseBridge(name string, data []byte) (Bridge, error) {
 	cfg := DefaultBridge()
-	docs, err := yamlcheck.Documents(data)
-	if err != nil {
-		return cfg, &Error{File: name, Problems: []error{err}}
-	}
-	if len(docs) > 1 {
-		return cfg, &Error{File: name, Problems: []error{errors.New("holds more than one YAML document")}}
-	}
-	if len(docs) == 1 {
-		if err := yamlcheck.Decode(docs[0], &cfg); err != nil {
-			return cfg, &Error{File: name, Problems: unjoin(err)}
-		}
+	if err := decodeFile(name, data, &cfg); err != nil {
+		return cfg, err
 	}
 	var p []error
 	bad := func(field, format string, args ...any) {

@@ -263,17 +263,8 @@ func Load(path string) (Config, error) {
 // Parse decodes data (named name in errors) over the defaults.
 func Parse(name string, data []byte) (Config, error) {
 	cfg := Default()
-	docs, err := yamlcheck.Documents(data)
-	if err != nil {
-		return cfg, &Error{File: name, Problems: []error{err}}
-	}
-	if len(docs) > 1 {
-		return cfg, &Error{File: name, Problems: []error{errors.New("holds more than one YAML document")}}
-	}
-	if len(docs) == 1 {
-		if err := yamlcheck.Decode(docs[0], &cfg); err != nil {
-			return cfg, &Error{File: name, Problems: unjoin(err)}
-		}
+	if err := decodeFile(name, data, &cfg); err != nil {
+		return cfg, err
 	}
 	if cfg.BootstrapKubeconfig != "" && cfg.Kubeconfig == "" {
 		// The kubeconfig written after bootstrapping lives with the
@@ -281,6 +272,24 @@ func Parse(name string, data []byte) (Config, error) {
 		cfg.Kubeconfig = filepath.Join(cfg.StateDir, "kubeconfig")
 	}
 	return cfg, cfg.validate(name)
+}
+
+// decodeFile decodes the one YAML document of data (named name in
+// errors) strictly into cfg, over what cfg holds.
+func decodeFile(name string, data []byte, cfg any) error {
+	docs, err := yamlcheck.Documents(data)
+	if err != nil {
+		return &Error{File: name, Problems: []error{err}}
+	}
+	if len(docs) > 1 {
+		return &Error{File: name, Problems: []error{errors.New("holds more than one YAML document")}}
+	}
+	if len(docs) == 1 {
+		if err := yamlcheck.Decode(docs[0], cfg); err != nil {
+			return &Error{File: name, Problems: unjoin(err)}
+		}
+	}
+	return nil
 }
 
 func unjoin(err error) []error {

@@ -1,0 +1,33 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseBridge(t *testing.T) {
+	cfg, err := ParseBridge("bridge.yaml", []byte("mqtt: {brokers: ['ssl://b:8883']}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StateDir != "/var/cache/outpost-bridge" || cfg.MQTT.ClientID != "outpost-bridge" || cfg.MQTT.KeepaliveDuration() != 60e9 || cfg.Kubeconfig != "" {
+		t.Errorf("defaults = %+v", cfg)
+	}
+	for _, tt := range []struct{ src, want string }{
+		{"{}\n", "bridge.yaml: mqtt.brokers: is empty: the bridge needs a broker"},
+		{"mqtt: {brokers: ['tcp://broker.example:1883']}\n", "bridge.yaml: mqtt.brokers[0]: \"tcp://broker.example:1883\" is plain TCP"},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nstateDir: cache\n", `bridge.yaml: stateDir: "cache" is not an absolute path`},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nkubeconfig: kc\n", `bridge.yaml: kubeconfig: "kc" is not an absolute path`},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nlabels: {'a b': x}\n", `bridge.yaml: labels: key "a b" is not a valid label key`},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nmanifestDir: /x\n", "bridge.yaml: manifestDir: unknown field (line 2)"},
+		{"a: 1\n---\nb: 2\n", "bridge.yaml: holds more than one YAML document"},
+	} {
+		_, err := ParseBridge("bridge.yaml", []byte(tt.src))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseBridge(%q) = %v, want %q", tt.src, err, tt.want)
+		}
+	}
+	if _, err := LoadBridge(""); err == nil || !strings.Contains(err.Error(), "--config FILE is required") {
+		t.Errorf("LoadBridge without a file: %v", err)
+	}
+}
