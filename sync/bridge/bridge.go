@@ -217,22 +217,32 @@ func (b *Bridge) nextGen() uint64 {
 }
 
 // runLink connects to the broker, reads what it holds, and hands every
-// message to handle, connecting again after a jittered backoff.
+// message to handle, connecting again after a Redial delay.
 func (b *Bridge) runLink(ctx context.Context) {
 	// As the agent's: never more than two keepalives between connects,
-	// so a broker that is back is used within three.
-	bo := backoff.Backoff{Min: time.Second, Max: max(time.Second, min(time.Minute, 2*b.cfg.KeepAlive))}
+	// so a broker that is back is used within three, and a broker that
+	// refuses connections is tried every second or so for the first
+	// minutes of an outage.
+	rd := mqtt.Redial{
+		Backoff: backoff.Backoff{Min: time.Second, Max: max(time.Second, min(time.Minute, 2*b.cfg.KeepAlive))},
+		Clock:   b.deps.Clock,
+	}
+	failed := 0 // connects failed in a row
 	for ctx.Err() == nil {
 		in := mqtt.NewInbox(mqtt.MaxInboxBytes)
 		conn, err := b.deps.Dial(ctx, mqtt.Will{}, in.Put)
 		if err != nil {
-			b.log.Warn("mqtt broker not reachable; retrying", "err", err)
-			if sleep(ctx, b.deps.Clock, bo.Next()) != nil {
+			// A refused broker is tried every second: said once.
+			if failed++; failed == 1 || !mqtt.Refused(err) {
+				b.log.Warn("mqtt broker not reachable; retrying", "err", err)
+			}
+			if sleep(ctx, b.deps.Clock, rd.Next(err)) != nil {
 				return
 			}
 			continue
 		}
-		bo.Reset()
+		rd.Reset()
+		failed = 0
 		err = b.session(ctx, conn, in)
 		b.mu.Lock()
 		b.conn, b.ready = nil, false
@@ -251,7 +261,7 @@ func (b *Bridge) runLink(ctx context.Context) {
 		for _, n := range nodes {
 			n.setOnline(false, false)
 		}
-		if sleep(ctx, b.deps.Clock, bo.Next()) != nil {
+		if sleep(ctx, b.deps.Clock, rd.Next(err)) != nil {
 			return
 		}
 	}

@@ -23,7 +23,9 @@ type Config struct {
 	// KeepAlive is MQTT's keepalive (default 60 s); a connection the
 	// broker sent nothing on for three of them is dropped and made anew,
 	// and the reconnect backoff never grows past two of them (nor past
-	// maxBackoff), so a link that comes back is used again within three.
+	// maxBackoff), so a link that comes back is used again within three;
+	// a broker that refuses connections is tried every second or so for
+	// the first minutes of an outage (Redial).
 	KeepAlive time.Duration
 	// MaxMessageBytes refuses larger messages (default 1 MiB).
 	MaxMessageBytes int
@@ -175,9 +177,12 @@ func (s *Syncer) notePublished() {
 }
 
 // runLink connects, runs a session until the connection ends, and
-// connects again after a jittered backoff, until ctx ends.
+// connects again after a Redial delay, until ctx ends.
 func (s *Syncer) runLink(ctx context.Context) {
-	bo := backoff.Backoff{Min: time.Second, Max: max(time.Second, min(maxBackoff, 2*s.cfg.KeepAlive))}
+	rd := Redial{
+		Backoff: backoff.Backoff{Min: time.Second, Max: max(time.Second, min(maxBackoff, 2*s.cfg.KeepAlive))},
+		Clock:   s.deps.Clock,
+	}
 	will := Will{Topic: OnlineTopic(s.cfg.NodeName), Payload: []byte(OnlineFalse), Retained: true}
 	for ctx.Err() == nil {
 		in := NewInbox(MaxInboxBytes)
@@ -188,7 +193,7 @@ func (s *Syncer) runLink(ctx context.Context) {
 			}
 			s.noteErr(err)
 			s.setConnected(false, false)
-			wait := bo.Next()
+			wait := rd.Next(err)
 			s.log.Debug("mqtt connect failed; retrying", "in", wait, "err", err)
 			if s.sleep(ctx, wait) != nil {
 				return
@@ -209,9 +214,9 @@ func (s *Syncer) runLink(ctx context.Context) {
 		s.noteErr(err)
 		s.setConnected(false, false)
 		if s.deps.Clock.Since(start) > 3*s.cfg.KeepAlive {
-			bo.Reset()
+			rd.Reset()
 		}
-		if s.sleep(ctx, bo.Next()) != nil {
+		if s.sleep(ctx, rd.Next(err)) != nil {
 			return
 		}
 	}
