@@ -101,6 +101,10 @@ type MQTT struct {
 	Insecure bool `json:"insecure"`
 	// MaxMessageBytes refuses larger messages from the broker.
 	MaxMessageBytes int `json:"maxMessageBytes"`
+	// PostQuantumTLS offers the hybrid post-quantum key exchange
+	// (X25519MLKEM768) in TLS handshakes; its key share adds about
+	// 1.2 KiB to each one, so it is off unless asked for.
+	PostQuantumTLS bool `json:"postQuantumTLS"`
 }
 
 // Enabled reports whether the node syncs through MQTT.

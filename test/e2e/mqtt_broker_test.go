@@ -534,6 +534,58 @@ func TestMosquittoSameCertificateTakesOver(t *testing.T) {
 	})
 }
 
+// TestMosquittoResumedTLSKeepsIdentity: a reconnect that resumes its
+// TLS session (the agent keeps a session cache, so that a reconnect sends
+// neither certificate again) is still its certificate's identity: it is
+// let in as that node, reads only that node's desired state and writes
+// only that node's status.
+func TestMosquittoResumedTLSKeepsIdentity(t *testing.T) {
+	b := env.StartMosquittoTLS(t, env.MosquittoOptions{})
+	bridge := connectPeer(t, b, bridgeCN)
+	bridge.publish(t, desiredWeb, true, "for node-a only")
+	bridge.subscribe(t, "outpost/v1/nodes/+/status/#")
+
+	cfg := b.TLSConfig(t, "node-b")
+	cfg.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+	var resumed atomic.Bool
+	cached := func(o *mqtt.ClientOptions) {
+		o.SetCustomOpenConnectionFn(func(u *url.URL, _ mqtt.ClientOptions) (net.Conn, error) {
+			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", u.Host, cfg)
+			if err != nil {
+				return nil, err
+			}
+			resumed.Store(c.ConnectionState().DidResume)
+			return c, nil
+		})
+	}
+	first := connectPeer(t, b, "node-b", cached)
+	if resumed.Load() {
+		t.Fatalf("the first connection resumed a TLS session it cannot have")
+	}
+	// The broker's session tickets come after the handshake: a round
+	// trip makes sure the client has read them.
+	first.publish(t, "outpost/v1/nodes/node-b/status/node", false, "first")
+	bridge.expect(t, "outpost/v1/nodes/node-b/status/node", "first")
+	first.Disconnect(250)
+
+	second := connectPeer(t, b, "node-b", cached)
+	if !resumed.Load() {
+		t.Fatalf("the second connection did a full TLS handshake, want it to resume the first's session (the broker's session tickets)")
+	}
+	codes := second.subscribe(t, "outpost/v1/nodes/node-a/desired/#", "outpost/v1/nodes/node-b/desired/#")
+	if codes[1] != 1 {
+		t.Fatalf("the resumed connection's SUBACK codes %x, want its own desired state granted", codes)
+	}
+	bridge.publish(t, "outpost/v1/nodes/node-b/desired/index", true, "node-b's index")
+	second.expect(t, "outpost/v1/nodes/node-b/desired/index", "node-b's index")
+	second.expectNothingMore(t)
+
+	second.publish(t, statusWeb, true, "forged by a resumed node-b")
+	second.publish(t, "outpost/v1/nodes/node-b/status/node", false, "second")
+	bridge.expect(t, "outpost/v1/nodes/node-b/status/node", "second")
+	bridge.expectNothingMore(t)
+}
+
 // TestMosquittoPersistentSession: a node's persistent session keeps its
 // subscriptions and queues what is published while it is away, across a
 // broker restart; subscribing again re-sends the retained messages (the
