@@ -1145,8 +1145,9 @@ func (s *mqttBench) decode(wait time.Duration) {
 // the link carried nothing for 2 s: the TLS handshake, CONNECT,
 // SUBSCRIBE, the online flag and the retained indexes, and whatever the
 // old connection's teardown sends. Beside it, it measures TLS handshakes
-// with the broker from the host: Go's default (the agent's), without the
-// post-quantum key share, and both resumed from a session cache.
+// with the broker from the host: Go's default, the agent's (without the
+// post-quantum key share), and both resumed from a session cache (as
+// the agent's reconnects are).
 func BenchmarkMQTTReconnectBytes(b *testing.B) {
 	mbLoop(b, func(iter int) map[string]float64 {
 		const keepalive = 5 * time.Second
@@ -1219,7 +1220,7 @@ func BenchmarkMQTTReconnectBytes(b *testing.B) {
 		in1, out1 := mbWireCounter(m1)
 		connects := m1["outpost_mqtt_connects_total{}"] - m0["outpost_mqtt_connects_total{}"]
 		hs := s.handshakes()
-		b.Logf("TLS handshakes with the broker, client certificate included, in bytes of TLS records (no TCP/IP): %s; the agent keeps no session cache, so every reconnect pays a full one",
+		b.Logf("TLS handshakes with the broker, client certificate included, in bytes of TLS records (no TCP/IP): %s; the agent offers X25519 and P-256 and resumes from its session cache",
 			mbShowHandshakes(hs))
 		b.Logf("reconnect after a %v outage (the agent noticed after %v), %d pods, keepalive %v: the MQTT connections at the IP layer (IP, TCP, TLS) %d B, both ways (%.2f KiB; target ≤ %d KiB: %s, %.2f× the target: %d B out, %d B in, %d packets); "+
 			"the interface's frames %d B (%s, %.2f×: from the node %d B in %d frames, to it %d B in %d frames; ARP %d frames); MQTT and TLS as the agent counts them %.0f B out, %.0f B in; "+
@@ -1313,7 +1314,7 @@ func (s *mqttBench) handshakes() []mbHandshake {
 	for _, v := range []struct {
 		what   string
 		curves []tls.CurveID
-	}{{"Go's defaults (the agent's)", nil}, {"curves X25519, P-256 only", []tls.CurveID{tls.X25519, tls.CurveP256}}} {
+	}{{"Go's defaults", nil}, {"curves X25519, P-256 only (the agent's)", []tls.CurveID{tls.X25519, tls.CurveP256}}} {
 		cfg := s.broker.TLSConfig(s.b, "bench-tls-probe")
 		cfg.CurvePreferences = v.curves
 		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(1)
