@@ -88,6 +88,9 @@ type Bridge struct {
 	changed chan struct{}
 	// retained are the indexes the broker holds, by index topic.
 	retained map[string]mqtt.Index
+	// fetches are the retained messages a fetchRetained waits for, by
+	// topic.
+	fetches map[string]chan<- mqtt.Message
 	// gen is the last generation issued (nextGen).
 	gen uint64
 	// run is the context node goroutines run in; wg waits for them.
@@ -117,7 +120,7 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	cfg.setDefaults()
 	return &Bridge{
 		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
-		changed: make(chan struct{}), retained: map[string]mqtt.Index{},
+		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
 	}, nil
 }
 
@@ -330,6 +333,50 @@ func (b *Bridge) session(ctx context.Context, conn mqtt.Conn, in *mqtt.Inbox) er
 	}
 }
 
+// fetchRetained returns what the broker retains at topics, by topic. It
+// subscribes to each topic alone (the broker sends its retained message
+// at once), waits until all came or IndexWait passed, and unsubscribes.
+// A topic missing from the result holds nothing, or it did not come in
+// time.
+func (b *Bridge) fetchRetained(ctx context.Context, conn mqtt.Conn, topics []string) (map[string][]byte, error) {
+	ch := make(chan mqtt.Message, len(topics))
+	b.mu.Lock()
+	for _, t := range topics {
+		b.fetches[t] = ch
+	}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		for _, t := range topics {
+			if b.fetches[t] == ch {
+				delete(b.fetches, t)
+			}
+		}
+		b.mu.Unlock()
+	}()
+	if err := b.request(ctx, func(ctx context.Context) error { return conn.Subscribe(ctx, topics...) }); err != nil {
+		return nil, fmt.Errorf("subscribe to %d retained topics: %w", len(topics), err)
+	}
+	got := map[string][]byte{}
+	timer := b.deps.Clock.NewTimer(b.cfg.IndexWait)
+	defer timer.Stop()
+wait:
+	for len(got) < len(topics) {
+		select {
+		case m := <-ch:
+			got[m.Topic] = m.Payload
+		case <-timer.C():
+			break wait
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if err := b.request(ctx, func(ctx context.Context) error { return conn.Unsubscribe(ctx, topics...) }); err != nil {
+		return nil, fmt.Errorf("unsubscribe from %d retained topics: %w", len(topics), err)
+	}
+	return got, nil
+}
+
 func (b *Bridge) request(ctx context.Context, fn func(context.Context) error) error {
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
@@ -345,6 +392,14 @@ func (b *Bridge) handle(m mqtt.Message) {
 	}
 	if len(m.Payload) > b.cfg.MaxMessageBytes {
 		b.reject(m.Topic, "size", fmt.Errorf("%d bytes, over %d", len(m.Payload), b.cfg.MaxMessageBytes))
+		return
+	}
+	b.mu.Lock()
+	fetch, ok := b.fetches[m.Topic]
+	delete(b.fetches, m.Topic)
+	b.mu.Unlock()
+	if ok {
+		fetch <- m // room for every topic of the fetch
 		return
 	}
 	switch {

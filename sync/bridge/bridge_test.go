@@ -62,7 +62,7 @@ func testBridge(t *testing.T) (*Bridge, *store.Store, *clocktest.Fake) {
 	clk := clocktest.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 	b := &Bridge{
 		cfg: Config{RequestTimeout: time.Second, MaxMessageBytes: 1 << 20}, deps: Deps{Clock: clk}, log: slog.New(slog.DiscardHandler),
-		nodes: map[string]*node{}, changed: make(chan struct{}), retained: map[string]mqtt.Index{},
+		nodes: map[string]*node{}, changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
 	}
 	return b, st, clk
 }

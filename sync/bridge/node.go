@@ -31,6 +31,8 @@ type node struct {
 	pods *kube.Syncer
 	kube *kube.Syncer
 	pub  *publisher
+	// token requests a pod's token (pods.PodToken).
+	token func(context.Context, *corev1.Pod, *corev1.ServiceAccountTokenProjection) (string, time.Time, error)
 
 	mu sync.Mutex
 	// facts are the node's status as it last published it; hasFacts
@@ -89,19 +91,19 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	}
 	// Away until its online topic says otherwise.
 	n.kube.SetPresent(false)
-	n.pub = &publisher{b: b, scope: mqtt.ScopeNode, node: name, st: st, wake: make(chan struct{}, 1)}
+	n.token = n.pods.PodToken
+	n.pub = &publisher{b: b, scope: mqtt.ScopeNode, node: name, st: st, wake: make(chan struct{}, 1), prepare: n.syncTokens, prepareEvery: tokenCheck}
 	return n, nil
 }
 
-// runAll runs the node's parts until ctx ends: the pods watch, the
-// publisher and the pods' tokens at once, the Node and status parts once the node published
-// its status and its pods are in the store (so no status of a pod is
-// dropped for a pod not listed yet).
+// runAll runs the node's parts until ctx ends: the pods watch and the
+// publisher (which keeps the pods' tokens) at once, the Node and status
+// parts once the node published its status and its pods are in the
+// store (so no status of a pod is dropped for a pod not listed yet).
 func (n *node) runAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { n.pods.Run(ctx) })
 	wg.Go(func() { n.pub.loop(ctx) })
-	wg.Go(func() { n.runTokens(ctx) })
 	wg.Go(func() {
 		select {
 		case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/backoff"
@@ -23,6 +24,11 @@ type publisher struct {
 	node  string // for ScopeNode
 	st    *store.Store
 	wake  chan struct{}
+	// prepare, if set, runs at the start of every pass, and every
+	// prepareEvery besides: a node's tokens (token.go), so what the
+	// pass publishes has them.
+	prepare      func(context.Context, mqtt.Conn)
+	prepareEvery time.Duration
 }
 
 // object is one desired object as published.
@@ -49,6 +55,12 @@ func (p *publisher) loop(ctx context.Context) {
 	}
 	changes, cancel := p.st.Subscribe(kinds...)
 	defer cancel()
+	var tick <-chan time.Time
+	if p.prepare != nil && p.prepareEvery > 0 {
+		t := p.b.deps.Clock.NewTicker(p.prepareEvery)
+		defer t.Stop()
+		tick = t.C()
+	}
 	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
 	for {
 		conn, connChanged := p.b.current()
@@ -79,6 +91,7 @@ func (p *publisher) loop(ctx context.Context) {
 		case <-changes:
 		case <-connChanged:
 		case <-p.wake:
+		case <-tick:
 		}
 	}
 }
@@ -134,8 +147,12 @@ func (p *publisher) desired() (map[string]object, error) {
 	return out, err
 }
 
-// pass publishes what differs from the broker's index, then the index.
+// pass publishes what differs from the broker's index, then the index:
+// config maps and secrets before the pods that use them.
 func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
+	if p.prepare != nil {
+		p.prepare(ctx, conn)
+	}
 	want, err := p.desired()
 	if err != nil {
 		return err
@@ -144,7 +161,7 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 	have, _ := p.b.retainedIndex(topic)
 	next := mqtt.Index{Entries: map[string]uint64{}, Hashes: map[string]string{}}
 	changed := false
-	for _, key := range slices.Sorted(maps.Keys(want)) {
+	for _, key := range slices.SortedFunc(maps.Keys(want), podsLast) {
 		o := want[key]
 		if h, ok := have.Hashes[key]; ok && h == o.hash {
 			next.Entries[key], next.Hashes[key] = have.Entries[key], h
@@ -187,6 +204,18 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 	p.b.countPublished()
 	p.b.setRetained(topic, next)
 	return nil
+}
+
+// podsLast orders index keys by kind, pods last, then by name.
+func podsLast(a, b string) int {
+	ap, bp := strings.HasPrefix(a, mqtt.KindPods+"/"), strings.HasPrefix(b, mqtt.KindPods+"/")
+	switch {
+	case ap && !bp:
+		return 1
+	case bp && !ap:
+		return -1
+	}
+	return strings.Compare(a, b)
 }
 
 func (b *Bridge) countPublished() {

@@ -2,7 +2,9 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,53 +19,40 @@ import (
 // its pods, and renews them on kubelet's schedule: once 80 % of a token's
 // lifetime passed, or it is a day old.
 const (
-	tokenCheck          = time.Minute
+	tokenCheck          = time.Minute // how often tokens are looked at
 	tokenRefreshPercent = 80
 	tokenMaxAge         = 24 * time.Hour
 )
 
-// runTokens keeps a tokens Secret (mqtt.TokensSecretName) in the node's
+// syncTokens keeps a tokens Secret (mqtt.TokensSecretName) in the node's
 // store for every pod with projected serviceAccountToken sources, as a
-// bridge-made (MQTT) object the publisher sends, until ctx ends.
-func (n *node) runTokens(ctx context.Context) {
-	pods, cancel := n.st.Subscribe(store.KindPod)
-	defer cancel()
-	tick := n.b.deps.Clock.NewTicker(tokenCheck)
-	defer tick.Stop()
-	for {
-		n.syncTokens(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-pods:
-		case <-tick.C():
-		}
-	}
-}
-
-func (n *node) syncTokens(ctx context.Context) {
+// bridge-made (MQTT) object the publisher sends; the node's publisher
+// runs it before each pass and every tokenCheck. A token is requested
+// when it is missing or due; a bridge restarted (its store starts empty)
+// first reads back from the broker the tokens Secrets it retains, so a
+// restart sends no token again before it is due.
+func (n *node) syncTokens(ctx context.Context, conn mqtt.Conn) {
 	recs, err := n.st.Pods().List()
 	if err != nil {
 		n.b.log.Warn("read pods for their tokens", "node", n.name, "err", err)
 		return
 	}
-	want := map[string]bool{}
+	var pods []*corev1.Pod
 	for _, r := range recs {
-		p := r.Object
-		if r.Source != store.SourceAPI || p.DeletionTimestamp != nil {
-			continue
+		if p := r.Object; r.Source == store.SourceAPI && p.DeletionTimestamp == nil && len(tokenSources(p)) > 0 {
+			pods = append(pods, p)
 		}
-		srcs := tokenSources(p)
-		if len(srcs) == 0 {
-			continue
-		}
+	}
+	n.recoverTokens(ctx, conn, pods)
+	want := map[string]bool{}
+	for _, p := range pods {
 		name := mqtt.TokensSecretName(p.Name)
 		want[name] = true
 		old, _, err := n.st.Secrets().Get(p.Namespace, name)
 		if err != nil {
 			continue
 		}
-		sec := n.tokensSecret(ctx, p, srcs, old.Object)
+		sec := n.tokensSecret(ctx, p, tokenSources(p), old.Object)
 		if sec == nil {
 			continue
 		}
@@ -80,6 +69,67 @@ func (n *node) syncTokens(ctx context.Context) {
 			n.st.Secrets().Delete(r.Object.Namespace, r.Object.Name)
 		}
 	}
+}
+
+// recoverTokens puts into the store the tokens Secrets the broker
+// retains (its index lists them) for pods whose Secret the store lacks,
+// when they are for the same pod (its UID).
+func (n *node) recoverTokens(ctx context.Context, conn mqtt.Conn, pods []*corev1.Pod) {
+	have, _ := n.b.retainedIndex(mqtt.NodeIndexTopic(n.name))
+	byTopic := map[string]*corev1.Pod{}
+	for _, p := range pods {
+		name := mqtt.TokensSecretName(p.Name)
+		if _, ok := have.Entries[mqtt.IndexKey(mqtt.KindSecrets, p.Namespace, name)]; !ok {
+			continue
+		}
+		if _, ok, err := n.st.Secrets().Get(p.Namespace, name); err != nil || ok {
+			continue
+		}
+		byTopic[mqtt.DesiredTopic(n.name, mqtt.KindSecrets, p.Namespace, name)] = p
+	}
+	if len(byTopic) == 0 {
+		return
+	}
+	got, err := n.b.fetchRetained(ctx, conn, slices.Sorted(maps.Keys(byTopic)))
+	if err != nil {
+		n.b.log.Warn("read back the pods' tokens the broker retains; requesting them anew", "node", n.name, "err", err)
+		return
+	}
+	for topic, payload := range got {
+		p := byTopic[topic]
+		sec, err := tokensFromPayload(payload, p)
+		if err != nil {
+			n.b.log.Info("pod tokens on the broker not used; requesting them anew", "node", n.name, "topic", topic, "reason", err)
+			continue
+		}
+		if err := n.st.Secrets().Put(store.SourceMQTT, sec); err != nil {
+			n.b.log.Warn("keep pod tokens", "node", n.name, "pod", p.Namespace+"/"+p.Name, "err", err)
+		}
+	}
+}
+
+// tokensFromPayload decodes a retained tokens Secret of pod p.
+func tokensFromPayload(payload []byte, p *corev1.Pod) (*corev1.Secret, error) {
+	e, err := mqtt.UnmarshalEnvelope(payload)
+	if err != nil {
+		return nil, err
+	}
+	if e.Kind != "Secret" || e.Encoding != mqtt.EncodingProtobuf {
+		return nil, fmt.Errorf("a %s %s, not a Secret", e.Kind, e.Encoding)
+	}
+	sec := &corev1.Secret{}
+	if err := sec.Unmarshal(e.Body); err != nil {
+		return nil, fmt.Errorf("secret: %w", err)
+	}
+	switch {
+	case sec.Namespace != p.Namespace || sec.Name != mqtt.TokensSecretName(p.Name):
+		return nil, fmt.Errorf("names %s/%s", sec.Namespace, sec.Name)
+	case sec.Type != mqtt.TokensSecretType:
+		return nil, fmt.Errorf("type %q", sec.Type)
+	case sec.Annotations[mqtt.TokensUIDAnnotation] != string(p.UID):
+		return nil, fmt.Errorf("for pod UID %q, not %q", sec.Annotations[mqtt.TokensUIDAnnotation], p.UID)
+	}
+	return sec, nil
 }
 
 // tokensSecret returns the pod's tokens Secret with every token that is
@@ -102,7 +152,7 @@ func (n *node) tokensSecret(ctx context.Context, p *corev1.Pod, srcs []*corev1.S
 		if !tokenDue(sec.Data, key, now) {
 			continue
 		}
-		tok, exp, err := n.pods.PodToken(ctx, p, src)
+		tok, exp, err := n.token(ctx, p, src)
 		if err != nil {
 			n.b.log.Warn("request a pod's service account token", "node", n.name, "pod", p.Namespace+"/"+p.Name, "err", err)
 			continue

@@ -348,6 +348,16 @@ func TestMQTTBridgeRestartAndRefusedMessages(t *testing.T) {
 	s.apiPodRunning("gone", 60*time.Second)
 	before := containerIDs(t, n, "web")
 	images := findPod(mustStatus(t, n), "web").Images
+	// A pod with the service account token volume the API server adds by
+	// default: its tokens go as a Secret the bridge makes, which a
+	// restarted bridge must read back rather than request and send anew.
+	s.adm.create("configmaps", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt", Namespace: "default"}, Data: map[string]string{"ca.crt": string(s.api.CA.CertPEM())}})
+	withToken := apiPod("with-token", n.name, "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && exec sleep 100000")
+	withToken.Spec.AutomountServiceAccountToken = nil
+	s.adm.create("pods", withToken)
+	s.apiPodRunning("with-token", 60*time.Second)
+	tokenIDs := containerIDs(t, n, "with-token")
+	tokenTopic := omqtt.DesiredTopic(n.name, omqtt.KindSecrets, "default", omqtt.TokensSecretName("with-token"))
 
 	// Another node reads nothing of this one's and writes nothing for it.
 	other := connectPeer(t, s.broker, "other")
@@ -396,6 +406,10 @@ func TestMQTTBridgeRestartAndRefusedMessages(t *testing.T) {
 
 	// The bridge dies; a client with its identity publishes bad
 	// messages to the node's desired topics.
+	tokenStored := logCount(t, n.logPath(), `msg="mqtt: desired object stored"`, tokenTopic)
+	if tokenStored == 0 {
+		t.Fatalf("the node never stored %s", tokenTopic)
+	}
 	s.killBridge()
 	bad := connectPeer(t, s.broker, bridgeCN)
 	topic := omqtt.DesiredTopic(n.name, omqtt.KindPods, "default", "web")
@@ -463,6 +477,12 @@ func TestMQTTBridgeRestartAndRefusedMessages(t *testing.T) {
 	})
 	if after := containerIDs(t, n, "web"); asJSON(after) != asJSON(before) {
 		t.Errorf("web's containers changed: %v -> %v", before, after)
+	}
+	if c := logCount(t, n.logPath(), `msg="mqtt: desired object stored"`, tokenTopic); c != tokenStored {
+		t.Errorf("the restarted bridge sent with-token's tokens again (%d times), long before they were due", c-tokenStored)
+	}
+	if after := containerIDs(t, n, "with-token"); asJSON(after) != asJSON(tokenIDs) {
+		t.Errorf("with-token's containers changed: %v -> %v", tokenIDs, after)
 	}
 	if got := findPod(mustStatus(t, n), "web").Images; got != images {
 		t.Errorf("web's images on the node %q, were %q", got, images)
