@@ -26,6 +26,19 @@ type PodNetwork interface {
 	Teardown(ctx context.Context, podUID string) error
 }
 
+// PodCgroups removes the cgroups runc leaves; cmd wires agent/cgroups to
+// it. A cgroup that still has processes is left, with an error.
+type PodCgroups interface {
+	// RemovePod removes a pod's cgroup and its containers', in every
+	// hierarchy.
+	RemovePod(podUID string) error
+	// RemoveContainer removes one container attempt's cgroup.
+	RemoveContainer(podUID, id string) error
+	// Sweep removes the cgroups of the pods keep does not want and
+	// returns their UIDs.
+	Sweep(keep func(podUID string) bool) ([]string, error)
+}
+
 // PodConfig is what the pod manager needs to know of the node.
 type PodConfig struct {
 	NodeName      string
@@ -37,6 +50,9 @@ type PodConfig struct {
 	PodsDir, LogDir string
 	// MemoryCapacity is the node's memory in bytes, for oom_score_adj.
 	MemoryCapacity int64
+	// CgroupParent holds the pods' cgroups, pod<UID> each (default
+	// /outpost).
+	CgroupParent string
 }
 
 // PodDeps are the pod manager's collaborators; Runtime, Store, Clock and
@@ -44,6 +60,7 @@ type PodConfig struct {
 type PodDeps struct {
 	Runtime Runtime
 	Network PodNetwork // nil: every pod uses the host network
+	Cgroups PodCgroups // nil: cgroups are left to the runtime
 	// Env builds a container's environment; nil uses literal values only.
 	Env func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error)
 	// Volumes returns a container's volume mounts, preparing the pod's
@@ -63,6 +80,7 @@ type podManager struct {
 	store           *store.Store
 	rt              Runtime
 	net             PodNetwork
+	cgroups         PodCgroups
 	clock           clock.Clock
 	log             *slog.Logger
 	env             func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error)
@@ -81,12 +99,15 @@ type podManager struct {
 
 func newPodManager(cfg PodConfig, deps PodDeps, st *store.Store, clk clock.Clock, log *slog.Logger) *podManager {
 	m := &podManager{
-		cfg: cfg, store: st, rt: deps.Runtime, net: deps.Network, clock: clk, log: log,
+		cfg: cfg, store: st, rt: deps.Runtime, net: deps.Network, cgroups: deps.Cgroups, clock: clk, log: log,
 		env: deps.Env, volumes: deps.Volumes, refreshVolumes: deps.RefreshVolumes, teardownVolumes: deps.TeardownVolumes, rand: deps.Rand,
 		events: newEventLog(clk, 20), workers: map[string]*worker{},
 	}
 	if m.env == nil {
 		m.env = literalEnv
+	}
+	if m.cfg.CgroupParent == "" {
+		m.cfg.CgroupParent = "/outpost"
 	}
 	if m.rand == nil {
 		m.rand = func(n int64) int64 { return rand.Int64N(n) }
@@ -194,6 +215,29 @@ func (m *podManager) syncDesired(ctx context.Context, first bool) {
 		orphan.Namespace, orphan.Name = c.Labels[LabelPodNamespace], c.Labels[LabelPodName]
 		w := m.startWorker(ctx, orphan)
 		w.update(nil)
+	}
+	// The cgroups of pods that left no container (a crash or power cut
+	// between the last container's removal and the pod's): a worker
+	// removes those of the pods it has. Beside the workers, so that
+	// thousands left by an older version do not hold up the pods.
+	if m.cgroups != nil {
+		m.wg.Go(m.sweepCgroups)
+	}
+}
+
+// sweepCgroups removes the cgroups of the pods that have no worker.
+func (m *podManager) sweepCgroups() {
+	removed, err := m.cgroups.Sweep(func(uid string) bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		_, ok := m.workers[uid]
+		return ok
+	})
+	if len(removed) > 0 {
+		m.log.Info("removed the cgroups of pods no longer here", "pods", len(removed))
+	}
+	if err != nil {
+		m.log.Warn("cgroups of pods no longer here left", "err", err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -651,7 +652,7 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		Image: img, Args: args, Env: env, WorkingDir: c.WorkingDir, Hostname: hostname,
 		Mounts: mounts, NetNSPath: w.netns,
 		LogPath:      filepath.Join(w.m.logDir(pod), c.Name, strconv.Itoa(attempt)+".log"),
-		CgroupParent: "/outpost/pod" + w.uid,
+		CgroupParent: path.Join(w.m.cfg.CgroupParent, "pod"+w.uid),
 		Resources:    resources(pod, c, QoSClass(pod), w.m.cfg.MemoryCapacity),
 		Security:     sec,
 		TTY:          c.TTY, Stdin: c.Stdin, StdinOnce: c.StdinOnce,
@@ -793,6 +794,13 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(errs) == 0 && w.m.cgroups != nil {
+		// Processes left in a cgroup (one that escaped its container)
+		// are reported, and do not keep the pod from being removed.
+		if err := w.m.cgroups.RemovePod(w.uid); err != nil {
+			w.log.Warn("pod cgroups left", "err", err)
+		}
+	}
 	if len(errs) == 0 {
 		os.RemoveAll(w.m.podDir(w.uid))
 		w.m.store.DeleteRestarts(w.uid)
@@ -831,6 +839,10 @@ func (w *worker) gc(ctx context.Context, byName map[string]attempts) {
 			}
 			if err := w.m.rt.Remove(ctx, c.ID); err != nil {
 				w.log.Debug("gc container", "id", c.ID, "err", err)
+			} else if w.m.cgroups != nil {
+				if err := w.m.cgroups.RemoveContainer(w.uid, c.ID); err != nil {
+					w.log.Warn("container cgroup left", "id", c.ID, "err", err)
+				}
 			}
 		}
 	}

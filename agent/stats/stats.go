@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -36,10 +37,10 @@ const (
 	DefaultProcRoot   = "/proc"
 )
 
-// podCgroupPrefix is the cgroup of every pod, followed by the pod's UID;
-// a container's cgroup is its pod's plus "/" and the container ID. It
-// must match the CgroupParent that agent/worker.go gives containers.
-const podCgroupPrefix = "/outpost/pod"
+// DefaultCgroupParent is the agent's cgroup by default. A pod's cgroup is
+// the parent's plus "/pod" and the pod's UID; a container's is its pod's
+// plus "/" and the container ID, as agent/worker.go gives containers.
+const DefaultCgroupParent = "/outpost"
 
 // Options configure a Reader.
 type Options struct {
@@ -49,6 +50,9 @@ type Options struct {
 	CgroupRoot string
 	// ProcRoot is where procfs is mounted; DefaultProcRoot when empty.
 	ProcRoot string
+	// CgroupParent holds the pods' cgroups; DefaultCgroupParent when
+	// empty.
+	CgroupParent string
 	// NodeName is the node's name in Summary.
 	NodeName string
 	// Clock stamps the samples; clock.Real{} when nil.
@@ -59,6 +63,7 @@ type Options struct {
 // Its methods are safe to call concurrently.
 type Reader struct {
 	cgroupRoot, procRoot, nodeName string
+	podCgroupPrefix                string
 	clock                          clock.Clock
 
 	mu sync.Mutex
@@ -82,6 +87,10 @@ func New(o Options) *Reader {
 	if r.procRoot == "" {
 		r.procRoot = DefaultProcRoot
 	}
+	if o.CgroupParent == "" {
+		o.CgroupParent = DefaultCgroupParent
+	}
+	r.podCgroupPrefix = path.Join(o.CgroupParent, "pod")
 	if r.clock == nil {
 		r.clock = clock.Real{}
 	}
@@ -205,7 +214,7 @@ func (r *Reader) read(pods []*corev1.Pod) snapshot {
 			continue
 		}
 		seen[uid] = true
-		pu := podUsage{pod: pod, cgroup: podCgroupPrefix + uid}
+		pu := podUsage{pod: pod, cgroup: r.podCgroupPrefix + uid}
 		u, err := readUsage(l, pu.cgroup)
 		if err != nil {
 			s.failed = s.failed || !gone(err)

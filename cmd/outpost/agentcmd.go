@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/agent/cgroups"
 	ctrd "github.com/outpost-edge/outpost/agent/containerd"
 	"github.com/outpost-edge/outpost/agent/crilog"
 	"github.com/outpost-edge/outpost/agent/podenv"
@@ -103,6 +104,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			PodsDir:        filepath.Join(cfg.StateDir, "pods"),
 			LogDir:         cfg.LogDir,
 			MemoryCapacity: memTotal(),
+			CgroupParent:   cfg.Containerd.CgroupParent,
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
@@ -139,6 +141,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		sources.HostIP = acfg.Pods.HostIP
 		deps.Pods = agent.PodDeps{
 			Runtime: rt,
+			Cgroups: cgroups.Tree{Parent: cfg.Containerd.CgroupParent},
 			Env: func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error) {
 				s := sources
 				s.PodIP = podIP
@@ -201,7 +204,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		wait := msync.run(mctx)
 		defer func() { stopMQTT(); wait() }()
 	}
-	api, err := newKubeletAPI(cfg, a, ksync, acfg.Pods.HostIP, metricsWriter(a, st, ksync, msync, px, deps.BoardHealth), stats.New(stats.Options{NodeName: cfg.NodeName, Clock: clk}), clk, log)
+	api, err := newKubeletAPI(cfg, a, ksync, acfg.Pods.HostIP, metricsWriter(a, st, ksync, msync, px, deps.BoardHealth), stats.New(stats.Options{NodeName: cfg.NodeName, CgroupParent: cfg.Containerd.CgroupParent, Clock: clk}), clk, log)
 	if err != nil {
 		return err
 	}

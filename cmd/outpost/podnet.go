@@ -38,7 +38,7 @@ func newPodNetwork(ctx context.Context, cfg config.Config, st *store.Store, host
 	if err != nil {
 		return nil, nil, fmt.Errorf("network.podCIDR: %w", err)
 	}
-	n, err := podnet.New(podnet.Config{PodCIDR: cidr}, podnet.Deps{Store: st, Log: log})
+	n, err := podnet.New(podnet.Config{PodCIDR: cidr, NetnsPrefix: cfg.Network.NetnsPrefix}, podnet.Deps{Store: st, Log: log})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -76,6 +77,9 @@ type Containerd struct {
 	// ShimGroups is how many containerd shims the pods share; 0 gives
 	// every pod a shim of its own.
 	ShimGroups int `json:"shimGroups"`
+	// CgroupParent is the cgroup, in every hierarchy, that holds the
+	// pods' cgroups (pod<UID>, and a cgroup per container below it).
+	CgroupParent string `json:"cgroupParent"`
 }
 
 // MQTT is the link to an MQTT broker (docs/mqtt.md).
@@ -153,6 +157,9 @@ type Network struct {
 	ClusterDNS string `json:"clusterDNS"`
 	// ClusterDomain is the DNS search suffix.
 	ClusterDomain string `json:"clusterDomain"`
+	// NetnsPrefix starts the name of every pod's network namespace
+	// under /run/netns.
+	NetnsPrefix string `json:"netnsPrefix"`
 }
 
 // Server is the kubelet-style HTTPS API.
@@ -204,12 +211,13 @@ func Default() Config {
 		Node:                 Node{Labels: map[string]string{}, Taints: []Taint{}, MaxPods: 110},
 		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20},
 		API:                  API{WriteQPS: 20, WriteBurst: 40},
-		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4},
+		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4, CgroupParent: "/outpost"},
 		Network: Network{
 			PodCIDR:       "10.42.0.0/24",
 			ServiceCIDR:   "10.43.0.0/16",
 			ClusterDNS:    "10.43.0.10",
 			ClusterDomain: "cluster.local",
+			NetnsPrefix:   "outpost-",
 		},
 		Server: Server{Address: ":10250", LocalGroups: []string{"system:masters"}},
 		Log:    Log{Level: "info", Format: "text"},
@@ -377,6 +385,12 @@ func (c Config) validate(name string) error {
 	}
 	if c.Containerd.ShimGroups < 0 || c.Containerd.ShimGroups > 256 {
 		bad("containerd.shimGroups", "%d is not between 0 and 256", c.Containerd.ShimGroups)
+	}
+	if p := c.Containerd.CgroupParent; !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
+		bad("containerd.cgroupParent", "%q is not a clean absolute cgroup path below the root, like /outpost", p)
+	}
+	if p := c.Network.NetnsPrefix; p == "" || strings.ContainsAny(p, "/\x00") || len(p) > 32 {
+		bad("network.netnsPrefix", "%q is not a file name start of 1 to 32 characters without /", p)
 	}
 	podNet, podOK := checkCIDR(bad, "network.podCIDR", c.Network.PodCIDR)
 	svcNet, svcOK := checkCIDR(bad, "network.serviceCIDR", c.Network.ServiceCIDR)

@@ -1,0 +1,209 @@
+// Package cgroups removes the cgroups the agent's pods leave behind.
+// runc makes a container's cgroup, and the pod's above it, in every
+// hierarchy; it removes the container's when the container is deleted,
+// at best, and never the pod's. On cgroup v1 each memory cgroup keeps
+// kernel memory after it is emptied, so a board that runs short pods for
+// months would gather thousands. kubelet removes a pod's cgroups when
+// the pod is gone; so does the agent, through this package.
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// DefaultRoot is where the cgroup hierarchies are mounted.
+const DefaultRoot = "/sys/fs/cgroup"
+
+// Tree is the agent's part of the cgroup hierarchies: Parent in each
+// hierarchy under Root, holding pod<UID> per pod and, under it, one
+// cgroup per container attempt (its container ID).
+type Tree struct {
+	// Root is where the hierarchies are mounted (DefaultRoot when
+	// empty): cgroup v2 when it holds cgroup.controllers, else one
+	// directory per v1 hierarchy (and unified, v2, on a hybrid system).
+	Root string
+	// Parent is the agent's cgroup, e.g. /outpost.
+	Parent string
+}
+
+// PodPath is the pod's cgroup path, the parent of its containers'.
+func (t Tree) PodPath(podUID string) string { return path.Join(t.Parent, "pod"+podUID) }
+
+// BusyError is a cgroup that could not be removed because processes are
+// still in it (or in a cgroup below it).
+type BusyError struct {
+	Dir  string
+	PIDs []string
+}
+
+func (e *BusyError) Error() string {
+	if len(e.PIDs) == 0 {
+		return fmt.Sprintf("cgroup %s is busy", e.Dir)
+	}
+	return fmt.Sprintf("cgroup %s still has processes %s", e.Dir, strings.Join(e.PIDs, " "))
+}
+
+// RemovePod removes the pod's cgroup and every cgroup below it, in every
+// hierarchy. A cgroup that still has processes is left, with a
+// BusyError; one that is already gone is no error.
+func (t Tree) RemovePod(podUID string) error {
+	if err := checkName(podUID); err != nil {
+		return err
+	}
+	return t.removeAll(t.PodPath(podUID))
+}
+
+// RemoveContainer removes one container attempt's cgroup in every
+// hierarchy, as RemovePod does.
+func (t Tree) RemoveContainer(podUID, id string) error {
+	if err := checkName(podUID); err != nil {
+		return err
+	}
+	if err := checkName(id); err != nil {
+		return err
+	}
+	return t.removeAll(path.Join(t.PodPath(podUID), id))
+}
+
+// Sweep removes, in every hierarchy, the cgroups of the pods keep does
+// not want (the orphans of a crash or a power cut), and returns their
+// UIDs. Cgroups under Parent that are not a pod's are left alone.
+func (t Tree) Sweep(keep func(podUID string) bool) ([]string, error) {
+	hs, err := t.hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var removed []string
+	var errs []error
+	for _, h := range hs {
+		entries, err := os.ReadDir(filepath.Join(h, t.Parent))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			uid, ok := strings.CutPrefix(e.Name(), "pod")
+			if !ok || !e.IsDir() || uid == "" || keep(uid) {
+				continue
+			}
+			if err := removeTree(filepath.Join(h, t.Parent, e.Name())); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !seen[uid] {
+				seen[uid] = true
+				removed = append(removed, uid)
+			}
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// RemoveAll removes Parent itself and every cgroup below it, in every
+// hierarchy: for an uninstall, or a test's cleanup of its own agent.
+func (t Tree) RemoveAll() error {
+	if t.Parent == "" || path.Clean(t.Parent) == "/" {
+		return fmt.Errorf("cgroup parent %q: not below the root", t.Parent)
+	}
+	return t.removeAll(t.Parent)
+}
+
+// removeAll removes the cgroup at p, and those below it, in every
+// hierarchy.
+func (t Tree) removeAll(p string) error {
+	hs, err := t.hierarchies()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, h := range hs {
+		if err := removeTree(filepath.Join(h, p)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// hierarchies returns the mounted hierarchies' directories.
+func (t Tree) hierarchies() ([]string, error) {
+	root := t.Root
+	if root == "" {
+		root = DefaultRoot
+	}
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return []string{root}, nil
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup hierarchies: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		// cpu and cpuacct are often symbolic links to cpu,cpuacct:
+		// DirEntry does not follow them, so each hierarchy comes once.
+		if e.IsDir() {
+			out = append(out, filepath.Join(root, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// removeTree removes the cgroup dir and those below it, deepest first.
+// A cgroup directory holds only its control files, which rmdir takes
+// with it; rmdir refuses one with processes (EBUSY).
+func removeTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeTree(filepath.Join(dir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	err = syscall.Rmdir(dir)
+	switch {
+	case err == nil, errors.Is(err, syscall.ENOENT):
+		return nil
+	case errors.Is(err, syscall.EBUSY), errors.Is(err, syscall.ENOTEMPTY):
+		return &BusyError{Dir: dir, PIDs: pids(dir)}
+	}
+	return fmt.Errorf("remove cgroup %s: %w", dir, err)
+}
+
+// pids lists the processes in the cgroup dir.
+func pids(dir string) []string {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b))
+}
+
+// checkName refuses a UID or container ID that is not one path element.
+func checkName(s string) error {
+	if s == "" || s == "." || s == ".." || strings.ContainsAny(s, "/\x00") {
+		return fmt.Errorf("cgroup name %q: not a pod UID or container ID", s)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package cgroups
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// mkdirs makes dirs under root; a real cgroupfs makes the control files
+// itself and rmdir takes them, so empty directories stand in for
+// cgroups here, and a cgroup.procs file with PIDs for a busy one.
+func mkdirs(t *testing.T, root string, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// left lists the directories under root, relative, sorted.
+func left(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && p != root {
+			rel, _ := filepath.Rel(root, p)
+			out = append(out, rel)
+		}
+		return err
+	})
+	slices.Sort(out)
+	return out
+}
+
+// v1 is a hybrid cgroup v1 layout: two hierarchies, unified (v2), and
+// cpu as a symbolic link to cpu,cpuacct as systemd mounts it.
+func v1(t *testing.T) string {
+	root := t.TempDir()
+	mkdirs(t, root, "memory", "pids", "cpu,cpuacct", "unified")
+	if err := os.Symlink("cpu,cpuacct", filepath.Join(root, "cpu")); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func TestRemovePodInEveryHierarchy(t *testing.T) {
+	root := v1(t)
+	for _, h := range []string{"memory", "pids", "cpu,cpuacct", "unified"} {
+		mkdirs(t, root, h+"/outpost/poda/c1", h+"/outpost/poda/c2", h+"/outpost/podb/c1", h+"/other")
+	}
+	tr := Tree{Root: root, Parent: "/outpost"}
+	if err := tr.RemovePod("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.RemovePod("a"); err != nil {
+		t.Fatalf("a second RemovePod: %v, want no error for cgroups already gone", err)
+	}
+	if err := tr.RemoveContainer("b", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{}
+	for _, h := range []string{"cpu,cpuacct", "memory", "pids", "unified"} {
+		want = append(want, h, h+"/other", h+"/outpost", h+"/outpost/podb")
+	}
+	slices.Sort(want)
+	if got := left(t, root); !slices.Equal(got, want) {
+		t.Errorf("left %v\nwant %v", got, want)
+	}
+}
+
+func TestBusyCgroupIsLeftAndReported(t *testing.T) {
+	root := t.TempDir()
+	// cgroup v2: one hierarchy.
+	if err := os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu memory pids\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mkdirs(t, root, "outpost/poda/idle", "outpost/poda/busy")
+	if err := os.WriteFile(filepath.Join(root, "outpost/poda/busy/cgroup.procs"), []byte("4242\n4243\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := Tree{Root: root, Parent: "/outpost"}.RemovePod("a")
+	var busy *BusyError
+	if !errors.As(err, &busy) || busy.Dir != filepath.Join(root, "outpost/poda/busy") || strings.Join(busy.PIDs, " ") != "4242 4243" {
+		t.Fatalf("RemovePod of a pod with processes: %v, want a BusyError for its busy cgroup naming 4242 4243", err)
+	}
+	if got := left(t, root); !slices.Equal(got, []string{"outpost", "outpost/poda", "outpost/poda/busy"}) {
+		t.Errorf("left %v, want the busy cgroup and those above it", got)
+	}
+}
+
+func TestSweepRemovesOnlyPodsNotKept(t *testing.T) {
+	root := v1(t)
+	mkdirs(t, root, "memory/outpost/podlive/c1", "memory/outpost/podgone/c1", "memory/outpost/podgone/c2",
+		"pids/outpost/podgone", "memory/outpost/not-a-pod", "memory/other/podgone")
+	removed, err := Tree{Root: root, Parent: "/outpost"}.Sweep(func(uid string) bool { return uid == "live" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{"gone"}) {
+		t.Errorf("removed %v, want [gone] once", removed)
+	}
+	want := []string{"cpu,cpuacct", "memory", "memory/other", "memory/other/podgone", "memory/outpost", "memory/outpost/not-a-pod",
+		"memory/outpost/podlive", "memory/outpost/podlive/c1", "pids", "pids/outpost", "unified"}
+	if got := left(t, root); !slices.Equal(got, want) {
+		t.Errorf("left %v\nwant %v", got, want)
+	}
+}
+
+func TestNamesThatAreNotOnePathElementAreRefused(t *testing.T) {
+	tr := Tree{Root: t.TempDir(), Parent: "/outpost"}
+	for _, uid := range []string{"", ".", "..", "a/b", "../../etc"} {
+		if err := tr.RemovePod(uid); err == nil {
+			t.Errorf("RemovePod(%q): no error", uid)
+		}
+		if err := tr.RemoveContainer("a", uid); err == nil {
+			t.Errorf("RemoveContainer(a, %q): no error", uid)
+		}
+	}
+}

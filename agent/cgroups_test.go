@@ -1,0 +1,69 @@
+package agent_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/outpost-edge/outpost/agent/cgroups"
+)
+
+// A pod's cgroups go with the pod, an attempt's with the attempt when
+// it is collected, and at start those of pods the agent no longer has.
+func TestPodCgroupsGoWithTheirPods(t *testing.T) {
+	h := newHarness(t)
+	root := t.TempDir()
+	h.cgroups = cgroups.Tree{Root: root, Parent: "/outpost"}
+	hierarchies := []string{"memory", "pids"}
+	// runc makes a container's cgroup, and its pod's above it, in every
+	// hierarchy; the fake runtime does not, so the test does.
+	dir := func(h, uid, id string) string { return filepath.Join(root, h, "outpost", "pod"+uid, id) }
+	runc := func(uid, id string) {
+		t.Helper()
+		for _, hy := range hierarchies {
+			if err := os.MkdirAll(dir(hy, uid, id), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	exists := func(uid, id string) bool {
+		for _, hy := range hierarchies {
+			if _, err := os.Stat(dir(hy, uid, id)); err == nil {
+				return true
+			}
+		}
+		return false
+	}
+	// Left by a pod removed while the agent was down.
+	runc("0ld0ld0ld", "c-0")
+
+	web := newPod("web", corev1.RestartPolicyAlways, ctr("app"))
+	uid := string(web.UID)
+	h.put(web)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(web, "app", 0)) })
+	runc(uid, id(web, "app", 0))
+	h.eventually("the cgroups of a pod the agent no longer has removed at its start", func() bool { return !exists("0ld0ld0ld", "") })
+
+	// Two restarts: the first attempt is collected, its cgroup with it.
+	h.exit(id(web, "app", 0), 1, "app backing off", func() bool { return h.state(web, "app") == "waiting:CrashLoopBackOff" })
+	h.advance(10 * time.Second)
+	h.eventually("app restarted", func() bool { return h.running(id(web, "app", 1)) })
+	runc(uid, id(web, "app", 1))
+	h.exit(id(web, "app", 1), 1, "app backing off again", func() bool { return h.state(web, "app") == "waiting:CrashLoopBackOff" })
+	h.advance(20 * time.Second)
+	h.eventually("app restarted again", func() bool { return h.running(id(web, "app", 2)) })
+	runc(uid, id(web, "app", 2))
+	h.eventually("the first attempt's cgroup removed with it", func() bool { return !exists(uid, id(web, "app", 0)) })
+	if !exists(uid, id(web, "app", 1)) || !exists(uid, id(web, "app", 2)) {
+		t.Errorf("the cgroups of the attempts kept (the last dead one, the running one) were removed")
+	}
+
+	if _, err := h.st.Pods().Delete(web.Namespace, web.Name); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the pod's cgroups removed in every hierarchy", func() bool { return !exists(uid, "") })
+}
