@@ -332,12 +332,12 @@ func startBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 	ctrd.ImportTestImage(b, ns)
 	dir := b.TempDir()
 	n := &benchNode{name: name, dir: dir, cfg: filepath.Join(dir, "config.yaml"), netns: ns}
+	prefix := fmt.Sprintf("ob%d-", time.Now().UnixNano()%1e9) // this node's pod namespaces
 	for _, d := range []string{"manifests", "images"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			b.Fatal(err)
 		}
 	}
-	before := netnsEntries()
 	for _, args := range [][]string{{"ip", "netns", "add", n.netns}, {"ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up"}} {
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 			b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
@@ -346,7 +346,7 @@ func startBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 	b.Cleanup(func() {
 		n.kill()
 		for e := range netnsEntries() {
-			if !before[e] && strings.HasPrefix(e, "outpost-") && e != n.netns {
+			if strings.HasPrefix(e, prefix) {
 				p := filepath.Join("/run/netns", e)
 				syscall.Unmount(p, syscall.MNT_DETACH)
 				os.Remove(p)
@@ -364,10 +364,13 @@ kubeconfig: %s
 containerd:
   address: %s
   namespace: %s
+  cgroupParent: %s
+network:
+  netnsPrefix: %s
 log:
   level: %s
 `, name, filepath.Join(dir, "state"), filepath.Join(dir, "manifests"), filepath.Join(dir, "images"),
-		filepath.Join(dir, "logs"), filepath.Join(dir, "run"), api.NodeKubeconfig(b, name), ctrd.Address, ns, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
+		filepath.Join(dir, "logs"), filepath.Join(dir, "run"), api.NodeKubeconfig(b, name), ctrd.Address, ns, ctrd.CgroupParent, prefix, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)
 	}

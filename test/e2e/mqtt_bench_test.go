@@ -124,13 +124,6 @@ type mqttBench struct {
 	bridgeCfg, bridgeLog string
 	bridge               *exec.Cmd
 	bridgeEnd            chan struct{}
-
-	// uids are the pods created, whose network namespaces (the agents
-	// name them podnet.DefaultNetnsPrefix and the UID's first 12
-	// characters) the cleanup removes: only those, as other tests may run
-	// beside these with pod namespaces of the same prefix.
-	mu   sync.Mutex
-	uids []string
 }
 
 // newMQTTBench starts the API server, the node's containerd and
@@ -173,7 +166,8 @@ func (s *mqttBench) newNode(name string) *node {
 	ctrd.ImportTestImage(b, ns)
 	dir := b.TempDir()
 	n := &node{t: b, name: name, dir: dir, manifests: filepath.Join(dir, "manifests"), ctrd: ctrd, ns: ns,
-		netns: fmt.Sprintf("obench-%d", time.Now().UnixNano()%1e9), cfg: filepath.Join(dir, "config.yaml")}
+		netns: fmt.Sprintf("obench-%d", time.Now().UnixNano()%1e9), cfg: filepath.Join(dir, "config.yaml"),
+		netnsPrefix: fmt.Sprintf("om%d-", time.Now().UnixNano()%1e9)}
 	for _, d := range []string{"manifests", "images"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			b.Fatal(err)
@@ -182,16 +176,7 @@ func (s *mqttBench) newNode(name string) *node {
 	run(b, "ip", "netns", "add", n.netns)
 	b.Cleanup(func() {
 		n.kill()
-		s.mu.Lock()
-		uids := slices.Clone(s.uids)
-		s.mu.Unlock()
-		for _, uid := range uids {
-			p := filepath.Join("/run/netns", "outpost-"+strings.ReplaceAll(uid, "-", "")[:12])
-			if _, err := os.Stat(p); err == nil {
-				syscall.Unmount(p, syscall.MNT_DETACH)
-				os.Remove(p)
-			}
-		}
+		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
 	run(b, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
@@ -204,9 +189,12 @@ runDir: %s
 containerd:
   address: %s
   namespace: %s
+  cgroupParent: %s
+network:
+  netnsPrefix: %s
 log:
   level: %s
-`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns, mbLogLevel())
+`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns, ctrd.CgroupParent, n.netnsPrefix, mbLogLevel())
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -467,13 +455,9 @@ func (s *mqttBench) createPods(prefix string, n int, mk func(name string) *corev
 func (s *mqttBench) createPod(ctx context.Context, p *corev1.Pod) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var out corev1.Pod
-	if err := s.adm.core.Post().Namespace("default").Resource("pods").Body(p).Do(ctx).Into(&out); err != nil {
+	if err := s.adm.core.Post().Namespace("default").Resource("pods").Body(p).Do(ctx).Error(); err != nil {
 		return fmt.Errorf("create pod %s: %w", p.Name, err)
 	}
-	s.mu.Lock()
-	s.uids = append(s.uids, string(out.UID))
-	s.mu.Unlock()
 	return nil
 }
 

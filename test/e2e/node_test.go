@@ -70,7 +70,11 @@ type node struct {
 	manifests string
 	cfg       string
 	netns     string
-	ctrd      *env.Containerd
+	// netnsPrefix starts the names of this node's pod namespaces
+	// (network.netnsPrefix): this node's alone, so its cleanup and its
+	// power cut delete no other agent's.
+	netnsPrefix string
+	ctrd        *env.Containerd
 	ns        string // containerd namespace
 	agent     *exec.Cmd
 	agentLog  *os.File
@@ -86,24 +90,15 @@ func newNode(t testing.TB, name string) *node {
 	ns := fmt.Sprintf("outpost-e2e-%d", time.Now().UnixNano()%1e9)
 	ctrd.ImportTestImage(t, ns)
 	dir := t.TempDir()
+	id := time.Now().UnixNano() % 1e9
 	n := &node{t: t, name: name, dir: dir, manifests: filepath.Join(dir, "manifests"), ctrd: ctrd, ns: ns,
-		netns: fmt.Sprintf("outpost-e2e-%d", time.Now().UnixNano()%1e9)}
+		netns: fmt.Sprintf("outpost-e2e-%d", id), netnsPrefix: fmt.Sprintf("op%d-", id)}
 	os.Mkdir(n.manifests, 0o755)
-	before := netnsEntries()
 	run(t, "ip", "netns", "add", n.netns)
 	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
 	t.Cleanup(func() {
 		n.kill()
-		// Pod namespaces the agent made; pods of this test only. The
-		// node namespaces of tests running beside this one (another go
-		// test process) are theirs to delete.
-		for e := range netnsEntries() {
-			if !before[e] && strings.HasPrefix(e, "outpost-") && !strings.HasPrefix(e, "outpost-e2e-") {
-				p := filepath.Join("/run/netns", e)
-				syscall.Unmount(p, syscall.MNT_DETACH)
-				os.Remove(p)
-			}
-		}
+		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
 	n.cfg = filepath.Join(dir, "config.yaml")
@@ -116,9 +111,12 @@ runDir: %s
 containerd:
   address: %s
   namespace: %s
+  cgroupParent: %s
+network:
+  netnsPrefix: %s
 log:
   level: debug
-`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns)
+`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns, ctrd.CgroupParent, n.netnsPrefix)
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -126,6 +124,18 @@ log:
 	// the temp dir from being removed.
 	n.unmountAtExit()
 	return n
+}
+
+// removePodNetns unmounts and removes the pod network namespaces this
+// node's agent made (its netnsPrefix), as a reboot would lose them.
+func (n *node) removePodNetns() {
+	for e := range netnsEntries() {
+		if strings.HasPrefix(e, n.netnsPrefix) {
+			p := filepath.Join("/run/netns", e)
+			syscall.Unmount(p, syscall.MNT_DETACH)
+			os.Remove(p)
+		}
+	}
 }
 
 func netnsEntries() map[string]bool {

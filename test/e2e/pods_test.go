@@ -202,14 +202,9 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 	n.ctrd.PowerCut(t)
 	// A reboot empties /run, runc's state with it.
 	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
-	// A reboot loses every network namespace and the bridge.
-	for e := range netnsEntries() {
-		if strings.HasPrefix(e, "outpost-") && e != n.netns {
-			p := filepath.Join("/run/netns", e)
-			unmount(p)
-			os.Remove(p)
-		}
-	}
+	// A reboot loses every network namespace and the bridge: the test's
+	// are this node's pods' (and the node's own, made anew below).
+	n.removePodNetns()
 	run(t, "ip", "netns", "delete", n.netns)
 	run(t, "ip", "netns", "add", n.netns)
 	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/agent/cgroups"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -114,11 +115,27 @@ type podNode struct {
 // (test/e2e/env) removes the containers.
 func newPodNode(t *testing.T) *podNode {
 	t.Helper()
-	ctrd := env.StartContainerd(t)
 	id := time.Now().UnixNano() % 1e9
-	// Not named outpost-…: other tests remove the outpost-* namespaces
-	// they did not have before.
-	n := &podNode{dir: t.TempDir(), netns: fmt.Sprintf("pkgtest-%d", id), ns: fmt.Sprintf("outpost-pkgtest-%d", id), ctrd: ctrd}
+	n := &podNode{dir: t.TempDir(), netns: fmt.Sprintf("pkgtest-%d", id), ns: fmt.Sprintf("outpost-pkgtest-%d", id)}
+	// The agents of every version give pods /outpost/pod<UID>: this
+	// test's pods' cgroups are removed once containerd's cleanup (which
+	// runs first) killed their containers.
+	t.Cleanup(func() {
+		for _, uid := range n.uids {
+			var err error
+			for range 50 {
+				if err = (cgroups.Tree{Parent: "/outpost"}).RemovePod(uid); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				t.Errorf("pod %s: %v", uid, err)
+			}
+		}
+	})
+	ctrd := env.StartContainerd(t)
+	n.ctrd = ctrd
 	ctrd.ImportTestImage(t, n.ns)
 	manifests := filepath.Join(n.dir, "manifests")
 	if err := os.Mkdir(manifests, 0o755); err != nil {

@@ -21,6 +21,11 @@ type Containerd struct {
 	Root, State string
 	// Version is the daemon's version.
 	Version string
+	// CgroupParent is the cgroup the agent that drives this containerd
+	// is to give its pods (containerd.cgroupParent): a name of this
+	// daemon's, so that a power cut and the cleanup kill and remove what
+	// is in it, and nothing of another agent's.
+	CgroupParent string
 
 	dir, cfgPath, bin string
 	proc              *process
@@ -40,10 +45,11 @@ func StartContainerd(t testing.TB) *Containerd {
 		t.Fatal(err)
 	}
 	c := &Containerd{
-		Address: filepath.Join(dir, "containerd.sock"),
-		Root:    filepath.Join(dir, "root"),
-		State:   filepath.Join(dir, "state"),
-		dir:     dir, bin: bin,
+		Address:      filepath.Join(dir, "containerd.sock"),
+		Root:         filepath.Join(dir, "root"),
+		State:        filepath.Join(dir, "state"),
+		CgroupParent: "/" + filepath.Base(dir),
+		dir:          dir, bin: bin,
 	}
 	cfg := fmt.Sprintf(`version = 2
 root = %q
@@ -69,10 +75,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	}
 	t.Cleanup(func() {
 		killByCmdline(c.Address) // shims name the daemon's socket
+		killCgroup(c.CgroupParent)
 		if err := unmountUnder(dir); err != nil {
 			t.Errorf("containerd cleanup: %v", err)
 		}
 		os.RemoveAll(dir)
+		removeCgroups(t, c.CgroupParent)
 	})
 	client := c.start(t)
 	// Registered after start, so it runs before the daemon is stopped.
@@ -123,7 +131,7 @@ func (c *Containerd) PowerCut(t testing.TB) {
 	t.Helper()
 	syscall.Kill(-c.proc.cmd.Process.Pid, syscall.SIGKILL)
 	<-c.proc.done
-	killContainers(c.Address)
+	killContainers(c.Address, c.CgroupParent)
 	if err := unmountUnder(c.State); err != nil {
 		t.Fatalf("power cut: %v", err)
 	}

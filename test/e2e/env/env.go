@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outpost-edge/outpost/agent/cgroups"
 )
 
 // ToolsDir returns where build-tools.sh put the control-plane and registry
@@ -202,8 +204,9 @@ func killByCmdline(needle string) {
 // killContainers kills, with SIGKILL, every container started by the shims
 // of the containerd at address (each shim's children are the containers'
 // init processes; killing one ends its whole PID namespace), then the
-// shims themselves.
-func killContainers(address string) {
+// shims themselves, then whatever is left in the cgroup parent the
+// daemon's agent gives its pods.
+func killContainers(address, cgroupParent string) {
 	shims := map[int]bool{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -233,19 +236,43 @@ func killContainers(address string) {
 	for pid := range shims {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
-	// A second sweep by cgroup catches a container whose init was not (or
-	// no longer) a shim's child: outpost puts every container under
-	// /outpost/pod<uid>/.
+	killCgroup(cgroupParent)
+}
+
+// killCgroup kills, with SIGKILL, every process in a cgroup under parent
+// (a container whose init was not, or no longer, a shim's child); the
+// processes of other cgroups, another agent's pods among them, are left
+// alone.
+func killCgroup(parent string) {
+	if parent == "" || parent == "/" {
+		return
+	}
+	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil || !bytes.Contains(cg, []byte(":/outpost/pod")) {
+		if err != nil || !bytes.Contains(cg, []byte(":"+parent+"/")) {
 			continue
 		}
 		var pid int
-		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err == nil {
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err == nil && pid != os.Getpid() {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// removeCgroups removes the cgroup parent, and every cgroup below it, in
+// every hierarchy, waiting a little for the processes killed in it to be
+// gone.
+func removeCgroups(t testing.TB, parent string) {
+	tree := cgroups.Tree{Parent: parent}
+	var err error
+	for range 50 {
+		if err = tree.RemoveAll(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("remove cgroup %s: %v", parent, err)
 }
 
 // unmountUnder lazily unmounts every mount below dir, deepest first.
