@@ -43,8 +43,10 @@ testenv:
 test-unit:
 	$(GO) test -race -short ./...
 
+# test runs every test beside another outpost (scripts/testenv/beside.sh,
+# as root), which it checks was left alone.
 test: testenv lint
-	$(GO) test -race -count=1 -timeout 60m ./...
+	scripts/testenv/beside.sh $(GO) test -race -count=1 -timeout 60m ./...
 	@$(MAKE) --no-print-directory test-arm
 
 # test-arm runs the unit tests for linux/arm64 and linux/arm (ARMv7) under

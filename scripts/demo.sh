@@ -21,6 +21,13 @@ fi
 scripts/testenv/install.sh
 
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
+# The demo's agent runs in this host's network namespace with the
+# default bridge and nftables table: an outpost already running here
+# owns them.
+if ip link show outpost0 >/dev/null 2>&1 || nft list table inet outpost >/dev/null 2>&1; then
+	echo "demo: this host has an outpost0 bridge or an outpost nftables table already (an outpost runs here?); stop it first, the demo would take them over" >&2
+	exit 1
+fi
 DEMO=$(mktemp -d /tmp/outpost-demo.XXXXXX)
 SOCK=$DEMO/containerd.sock
 pids=()
@@ -31,7 +38,13 @@ cleanup() {
 	for shim in $(pgrep -f -- "-address $SOCK"); do pkill -9 -P "$shim"; done
 	pkill -9 -f -- "-address $SOCK" 2>/dev/null
 	rm -rf /run/containerd/runc/outpost-demo
-	for ns in /run/netns/outpost-*; do [[ -e $ns ]] && umount -l "$ns" && rm -f "$ns"; done
+	# What the demo made, and only that: its pods' namespaces and
+	# cgroups by their prefix and parent, and the bridge and table it
+	# found absent.
+	for ns in /run/netns/outpost-demo-*; do [[ -e $ns ]] && umount -l "$ns" && rm -f "$ns"; done
+	for cg in /sys/fs/cgroup/*/outpost-demo /sys/fs/cgroup/outpost-demo; do
+		[[ -d $cg ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+	done
 	ip link del outpost0 2>/dev/null
 	nft delete table inet outpost 2>/dev/null
 	grep -o " $DEMO/[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null
@@ -79,6 +92,9 @@ runDir: $DEMO/run
 containerd:
   address: $SOCK
   namespace: outpost-demo
+  cgroupParent: /outpost-demo
+network:
+  netnsPrefix: outpost-demo-
 server:
   clientCAFile: $DEMO/ca.crt
 EOT

@@ -66,12 +66,24 @@ func TestE2EPodCgroupsGoWithTheirPods(t *testing.T) {
 		t.Logf("round %d: %d pods created and removed", r, perRound)
 	}
 
+	n.wantCgroupsOf(t, keep.UID)
+}
+
+// wantCgroupsOf waits until the cgroups under the node's cgroup parent
+// are exactly those of the pods with these UIDs, in every hierarchy, and
+// checks that each holds only cgroups of containers that exist.
+func (n *node) wantCgroupsOf(t *testing.T, uids ...string) {
+	t.Helper()
 	hs := cgroupHierarchies(t)
 	if len(hs) == 0 {
 		t.Fatal("no cgroup hierarchy found under /sys/fs/cgroup")
 	}
-	want := []string{"pod" + keep.UID}
-	waitFor(t, 30*time.Second, "the node's cgroups exactly the live pod's", func() (bool, string) {
+	var want []string
+	for _, uid := range uids {
+		want = append(want, "pod"+uid)
+	}
+	slices.Sort(want)
+	waitFor(t, 30*time.Second, fmt.Sprintf("the node's cgroups exactly those of its %d pods", len(uids)), func() (bool, string) {
 		var wrong []string
 		for _, h := range hs {
 			got := subdirs(filepath.Join(h, n.ctrd.CgroupParent))
@@ -83,9 +95,11 @@ func TestE2EPodCgroupsGoWithTheirPods(t *testing.T) {
 	})
 	ids := strings.Fields(run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls", "-q"))
 	for _, h := range hs {
-		for _, c := range subdirs(filepath.Join(h, n.ctrd.CgroupParent, "pod"+keep.UID)) {
-			if !slices.Contains(ids, c) {
-				t.Errorf("%s: the live pod's cgroup holds %s, which is no container (containers: %v)", h, c, ids)
+		for _, pod := range want {
+			for _, c := range subdirs(filepath.Join(h, n.ctrd.CgroupParent, pod)) {
+				if !slices.Contains(ids, c) {
+					t.Errorf("%s: %s's cgroup holds %s, which is no container (containers: %v)", h, pod, c, ids)
+				}
 			}
 		}
 	}

@@ -304,6 +304,15 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	if p := findPod(s, "sensor-"+n.name); p == nil || !running(p) {
 		t.Errorf("sensor pod not running after the API pod's deletion: %+v", p)
 	}
+	// The deleted API pod's cgroups went with it; the running pods'
+	// are there.
+	var uids []string
+	for _, p := range s.Pods {
+		if running(&p) {
+			uids = append(uids, p.UID)
+		}
+	}
+	n.wantCgroupsOf(t, uids...)
 }
 
 // statusWrites counts, per pod, the status patches the node's identity sent
