@@ -75,10 +75,10 @@ type node struct {
 	// power cut delete no other agent's.
 	netnsPrefix string
 	ctrd        *env.Containerd
-	ns        string // containerd namespace
-	agent     *exec.Cmd
-	agentLog  *os.File
-	done      chan struct{}
+	ns          string // containerd namespace
+	agent       *exec.Cmd
+	agentLog    *os.File
+	done        chan struct{}
 }
 
 func newNode(t testing.TB, name string) *node {
