@@ -37,8 +37,14 @@ func TestPodCgroupsGoWithTheirPods(t *testing.T) {
 		}
 		return false
 	}
-	// Left by a pod removed while the agent was down.
+	// Left by a pod the agent was removing when it died: its directory
+	// says it was the agent's.
 	runc("0ld0ld0ld", "c-0")
+	if err := os.MkdirAll(filepath.Join(h.dir, "pods", "0ld0ld0ld"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	// Of a pod the agent has no record of: not its own to remove.
+	runc("5trange", "c-0")
 
 	web := newPod("web", corev1.RestartPolicyAlways, ctr("app"))
 	uid := string(web.UID)
@@ -46,7 +52,13 @@ func TestPodCgroupsGoWithTheirPods(t *testing.T) {
 	h.start()
 	h.synced(0, "app running", func() bool { return h.running(id(web, "app", 0)) })
 	runc(uid, id(web, "app", 0))
-	h.eventually("the cgroups of a pod the agent no longer has removed at its start", func() bool { return !exists("0ld0ld0ld", "") })
+	h.eventually("the cgroups and directory of a pod the agent was removing removed at its start", func() bool {
+		_, err := os.Stat(filepath.Join(h.dir, "pods", "0ld0ld0ld"))
+		return !exists("0ld0ld0ld", "") && os.IsNotExist(err)
+	})
+	if !exists("5trange", "c-0") {
+		t.Errorf("the agent removed the cgroups of a pod it has no record of")
+	}
 
 	// Two restarts: the first attempt is collected, its cgroup with it.
 	h.exit(id(web, "app", 0), 1, "app backing off", func() bool { return h.state(web, "app") == "waiting:CrashLoopBackOff" })

@@ -2,9 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"sync"
@@ -34,9 +37,6 @@ type PodCgroups interface {
 	RemovePod(podUID string) error
 	// RemoveContainer removes one container attempt's cgroup.
 	RemoveContainer(podUID, id string) error
-	// Sweep removes the cgroups of the pods keep does not want and
-	// returns their UIDs.
-	Sweep(keep func(podUID string) bool) ([]string, error)
 }
 
 // PodConfig is what the pod manager needs to know of the node.
@@ -216,28 +216,24 @@ func (m *podManager) syncDesired(ctx context.Context, first bool) {
 		w := m.startWorker(ctx, orphan)
 		w.update(nil)
 	}
-	// The cgroups of pods that left no container (a crash or power cut
-	// between the last container's removal and the pod's): a worker
-	// removes those of the pods it has. Beside the workers, so that
-	// thousands left by an older version do not hold up the pods.
-	if m.cgroups != nil {
-		m.wg.Go(m.sweepCgroups)
+	// Pods that left no container but their directory (a crash or a
+	// power cut while they were removed): the agent made that directory
+	// before their first container, so their network, volumes and
+	// cgroups are its own to finish removing. Nothing is removed of a
+	// pod the agent has no record of.
+	entries, err := os.ReadDir(m.cfg.PodsDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.log.Warn("list pod directories for orphans", "err", err)
 	}
-}
-
-// sweepCgroups removes the cgroups of the pods that have no worker.
-func (m *podManager) sweepCgroups() {
-	removed, err := m.cgroups.Sweep(func(uid string) bool {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		_, ok := m.workers[uid]
-		return ok
-	})
-	if len(removed) > 0 {
-		m.log.Info("removed the cgroups of pods no longer here", "pods", len(removed))
-	}
-	if err != nil {
-		m.log.Warn("cgroups of pods no longer here left", "err", err)
+	for _, e := range entries {
+		uid := e.Name()
+		if _, ok := m.workers[uid]; ok || !e.IsDir() {
+			continue
+		}
+		orphan := &corev1.Pod{}
+		orphan.UID = types.UID(uid)
+		w := m.startWorker(ctx, orphan)
+		w.update(nil)
 	}
 }
 

@@ -72,44 +72,6 @@ func (t Tree) RemoveContainer(podUID, id string) error {
 	return t.removeAll(path.Join(t.PodPath(podUID), id))
 }
 
-// Sweep removes, in every hierarchy, the cgroups of the pods keep does
-// not want (the orphans of a crash or a power cut), and returns their
-// UIDs. Cgroups under Parent that are not a pod's are left alone.
-func (t Tree) Sweep(keep func(podUID string) bool) ([]string, error) {
-	hs, err := t.hierarchies()
-	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	var removed []string
-	var errs []error
-	for _, h := range hs {
-		entries, err := os.ReadDir(filepath.Join(h, t.Parent))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, e := range entries {
-			uid, ok := strings.CutPrefix(e.Name(), "pod")
-			if !ok || !e.IsDir() || uid == "" || keep(uid) {
-				continue
-			}
-			if err := removeTree(filepath.Join(h, t.Parent, e.Name())); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if !seen[uid] {
-				seen[uid] = true
-				removed = append(removed, uid)
-			}
-		}
-	}
-	return removed, errors.Join(errs...)
-}
-
 // RemoveAll removes Parent itself and every cgroup below it, in every
 // hierarchy: for an uninstall, or a test's cleanup of its own agent.
 func (t Tree) RemoveAll() error {

@@ -92,24 +92,6 @@ func TestBusyCgroupIsLeftAndReported(t *testing.T) {
 	}
 }
 
-func TestSweepRemovesOnlyPodsNotKept(t *testing.T) {
-	root := v1(t)
-	mkdirs(t, root, "memory/outpost/podlive/c1", "memory/outpost/podgone/c1", "memory/outpost/podgone/c2",
-		"pids/outpost/podgone", "memory/outpost/not-a-pod", "memory/other/podgone")
-	removed, err := Tree{Root: root, Parent: "/outpost"}.Sweep(func(uid string) bool { return uid == "live" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(removed, []string{"gone"}) {
-		t.Errorf("removed %v, want [gone] once", removed)
-	}
-	want := []string{"cpu,cpuacct", "memory", "memory/other", "memory/other/podgone", "memory/outpost", "memory/outpost/not-a-pod",
-		"memory/outpost/podlive", "memory/outpost/podlive/c1", "pids", "pids/outpost", "unified"}
-	if got := left(t, root); !slices.Equal(got, want) {
-		t.Errorf("left %v\nwant %v", got, want)
-	}
-}
-
 func TestNamesThatAreNotOnePathElementAreRefused(t *testing.T) {
 	tr := Tree{Root: t.TempDir(), Parent: "/outpost"}
 	for _, uid := range []string{"", ".", "..", "a/b", "../../etc"} {

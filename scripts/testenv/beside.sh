@@ -7,7 +7,8 @@
 # namespace of its own (its bridge and nftables table stay out of the
 # host's), with a web pod and a sleeper. After CMD it checks that both
 # pods run the same containers, still have their network namespaces, and
-# that the web pod answers on its pod IP; it fails if not, or if CMD did.
+# that the web pod answers on its pod IP, and that CMD left no cgroup
+# behind; it fails if not, or if CMD did.
 # Then it removes what it made, and only that. Not root: CMD alone.
 set -euo pipefail
 if [[ $(id -u) != 0 ]]; then
@@ -143,6 +144,10 @@ mapfile -t uids < <(awk '{print $2}' <<<"$before")
 ip=$(awk '$1 ~ /^web/ {print $3}' <<<"$before")
 log "an outpost runs beside the tests in netns $NETNS (pod netns prefix outpost-, cgroup parent /outpost): web at $ip"
 
+# The cgroups made under any outpost parent, to see what the tests leave.
+cgroups() { find /sys/fs/cgroup -path '*outpost*' -type d 2>/dev/null | sort; }
+cgroups >"$DIR/cgroups.before"
+
 rc=0
 "$@" || rc=$?
 
@@ -165,6 +170,13 @@ if page=$(ip netns exec "$NETNS" curl -sS --max-time 5 "http://$ip:8080/") && [[
 	log "its pods ran through the tests untouched, and web answered on $ip"
 else
 	log "FAIL: web does not answer on $ip: ${page:-}"
+	bad=1
+fi
+cgroups >"$DIR/cgroups.after"
+left=$(comm -13 "$DIR/cgroups.before" "$DIR/cgroups.after")
+if [[ -n $left ]]; then
+	log "FAIL: the tests left $(wc -l <<<"$left") cgroups behind:"
+	head -10 <<<"$left" | sed 's/^/beside:   /'
 	bad=1
 fi
 if ((bad)); then

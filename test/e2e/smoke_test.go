@@ -74,7 +74,10 @@ func TestSmokeContainerd(t *testing.T) {
 
 	c, err := cl.NewContainer(ctx, "smoke",
 		client.WithNewSnapshot("smoke-snap", img),
-		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", "echo hello from $(hostname -s 2>/dev/null || echo busybox); exit 3")))
+		// Under the containerd's cgroup parent, which its cleanup removes
+		// (by default runc would leave /outpost-smoke behind).
+		client.WithNewSpec(oci.WithImageConfig(img), oci.WithCgroup(ctrd.CgroupParent+"/smoke"),
+			oci.WithProcessArgs("sh", "-c", "echo hello from $(hostname -s 2>/dev/null || echo busybox); exit 3")))
 	if err != nil {
 		t.Fatalf("create container: %v", err)
 	}
