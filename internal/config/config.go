@@ -30,7 +30,8 @@ type Config struct {
 	// ManifestDir holds static pod and service manifests (*.yaml, *.yml).
 	ManifestDir string `json:"manifestDir"`
 	// ImageDir holds OCI image tarballs imported at start and, while the
-	// agent runs, as they appear or change, for offline use.
+	// agent runs, as they appear or change, for offline use (default
+	// stateDir/images).
 	ImageDir string `json:"imageDir"`
 	// LogDir holds container logs, as kubelet's /var/log/pods.
 	LogDir string `json:"logDir"`
@@ -153,7 +154,8 @@ type Network struct {
 	PodCIDR string `json:"podCIDR"`
 	// ServiceCIDR is the cluster's ClusterIP range.
 	ServiceCIDR string `json:"serviceCIDR"`
-	// ClusterDNS is the nameserver written into pods' resolv.conf.
+	// ClusterDNS is the nameserver written into pods' resolv.conf
+	// (default the 10th address of ServiceCIDR).
 	ClusterDNS string `json:"clusterDNS"`
 	// ClusterDomain is the DNS search suffix.
 	ClusterDomain string `json:"clusterDomain"`
@@ -275,8 +277,16 @@ func Load(path string) (Config, error) {
 // Parse decodes data (named name in errors) over the defaults.
 func Parse(name string, data []byte) (Config, error) {
 	cfg := Default()
+	// Defaults derived from other fields, when the file leaves them out.
+	cfg.ImageDir, cfg.Network.ClusterDNS = "", ""
 	if err := decodeFile(name, data, &cfg); err != nil {
 		return cfg, err
+	}
+	if cfg.ImageDir == "" {
+		cfg.ImageDir = filepath.Join(cfg.StateDir, "images")
+	}
+	if cfg.Network.ClusterDNS == "" {
+		cfg.Network.ClusterDNS = clusterDNSOf(cfg.Network.ServiceCIDR)
 	}
 	if cfg.BootstrapKubeconfig != "" && cfg.Kubeconfig == "" {
 		// The kubeconfig written after bootstrapping lives with the
@@ -284,6 +294,24 @@ func Parse(name string, data []byte) (Config, error) {
 		cfg.Kubeconfig = filepath.Join(cfg.StateDir, "kubeconfig")
 	}
 	return cfg, cfg.validate(name)
+}
+
+// clusterDNSOf is the 10th address of the service CIDR, as k3s and
+// kubeadm clusters place their DNS Service; for a CIDR that does not
+// parse, the default (validate names the CIDR).
+func clusterDNSOf(cidr string) string {
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return Default().Network.ClusterDNS
+	}
+	a := p.Masked().Addr()
+	for range 10 {
+		a = a.Next()
+	}
+	if !p.Contains(a) {
+		return Default().Network.ClusterDNS
+	}
+	return a.String()
 }
 
 // decodeFile decodes the one YAML document of data (named name in

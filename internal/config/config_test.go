@@ -115,6 +115,34 @@ func TestBootstrapKubeconfigPlacesKubeconfig(t *testing.T) {
 	}
 }
 
+// A default derived from another field follows it: a user who changes
+// only serviceCIDR or stateDir gets a config that starts.
+func TestDerivedDefaultsFollowTheirFields(t *testing.T) {
+	tests := []struct{ src, dns, images string }{
+		{"", "10.43.0.10", "/var/lib/outpost/images"},
+		{"network: {serviceCIDR: 10.96.0.0/12}\n", "10.96.0.10", "/var/lib/outpost/images"},
+		{"network: {serviceCIDR: 10.96.0.0/12, clusterDNS: 10.96.0.53}\n", "10.96.0.53", "/var/lib/outpost/images"},
+		{"network: {serviceCIDR: 'fd00:43::/108'}\n", "fd00:43::a", "/var/lib/outpost/images"},
+		{"stateDir: /data/outpost\n", "10.43.0.10", "/data/outpost/images"},
+		{"stateDir: /data/outpost\nimageDir: /mnt/images\n", "10.43.0.10", "/mnt/images"},
+	}
+	for _, tt := range tests {
+		cfg, err := Parse("config.yaml", []byte(tt.src))
+		if err != nil {
+			t.Errorf("%q: %v", tt.src, err)
+			continue
+		}
+		if cfg.Network.ClusterDNS != tt.dns || cfg.ImageDir != tt.images {
+			t.Errorf("%q: clusterDNS %s, imageDir %s; want %s, %s", tt.src, cfg.Network.ClusterDNS, cfg.ImageDir, tt.dns, tt.images)
+		}
+	}
+	// A service CIDR too small for a 10th address keeps the default,
+	// which validate then refuses, naming both fields.
+	if _, err := Parse("config.yaml", []byte("network: {serviceCIDR: 10.96.0.0/29}\n")); err == nil || !strings.Contains(err.Error(), "network.clusterDNS") {
+		t.Errorf("a /29 service CIDR: %v, want clusterDNS refused", err)
+	}
+}
+
 func TestLoadNamesFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "outpost.yaml")
 	if err := os.WriteFile(p, []byte("log: {format: xml}\n"), 0o644); err != nil {
