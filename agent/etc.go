@@ -9,13 +9,24 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// podHostname is the pod's hostname as kubelet makes it: spec.hostname,
+// else the pod's name, cut to 63 characters (a DNS label, and what
+// sethostname takes) without a trailing '-' or '.'.
+func podHostname(pod *corev1.Pod) string {
+	h := pod.Name
+	if pod.Spec.Hostname != "" {
+		h = pod.Spec.Hostname
+	}
+	if len(h) > 63 {
+		h = strings.TrimRight(h[:63], "-.")
+	}
+	return h
+}
+
 // writeEtcFiles writes the pod's /etc/hosts, /etc/hostname and
 // /etc/resolv.conf into its directory, as kubelet does.
 func writeEtcFiles(dir string, pod *corev1.Pod, cfg PodConfig, podIP string) error {
-	hostname := pod.Name
-	if pod.Spec.Hostname != "" {
-		hostname = pod.Spec.Hostname
-	}
+	hostname := podHostname(pod)
 	var hosts strings.Builder
 	hosts.WriteString("# Kubernetes-managed hosts file (outpost).\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
 	fqdn := hostname

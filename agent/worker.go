@@ -635,10 +635,7 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		args[i] = podenv.Expand(args[i], vars)
 	}
 	id := containerID(w.uid, c.Name, attempt)
-	hostname := pod.Name
-	if pod.Spec.Hostname != "" {
-		hostname = pod.Spec.Hostname
-	}
+	hostname := podHostname(pod)
 	if hostNetwork(pod) {
 		hostname = ""
 	}

@@ -95,7 +95,7 @@ spec:
     command: [sh, -c, "while true; do sleep 1; done"]
 EOT
 cat >"$CFG" <<EOT
-nodeName: beside
+nodeName: beside-$$
 stateDir: $DIR/state
 manifestDir: $DIR/manifests
 imageDir: $DIR/images
