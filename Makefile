@@ -15,7 +15,7 @@ DIST ?= dist
 # Tools built for the tests (etcd, kube-apiserver, kubectl, registry) live here.
 export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
 
-.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench demo lint clean
+.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench demo lint clean conformance
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
@@ -73,6 +73,12 @@ bench:
 
 demo: build
 	@scripts/demo.sh
+
+# conformance runs Kubernetes' [NodeConformance] specs against the agent
+# (root; see docs/conformance.md). CONFORMANCE_FOCUS=REGEX runs a subset.
+conformance: testenv
+	@scripts/conformance/build.sh
+	@scripts/conformance/run.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
