@@ -9,13 +9,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// podHostname is the pod's hostname as kubelet makes it: spec.hostname,
-// else the pod's name, cut to 63 characters (a DNS label, and what
-// sethostname takes) without a trailing '-' or '.'.
+// podHostname is the pod's hostname as kubelet makes it:
+// spec.hostnameOverride, else spec.hostname, else the pod's name, cut to
+// 63 characters (what sethostname takes) without a trailing '-' or '.'.
 func podHostname(pod *corev1.Pod) string {
 	h := pod.Name
 	if pod.Spec.Hostname != "" {
 		h = pod.Spec.Hostname
+	}
+	if o := pod.Spec.HostnameOverride; o != nil && *o != "" {
+		h = *o
 	}
 	if len(h) > 63 {
 		h = strings.TrimRight(h[:63], "-.")
@@ -30,7 +33,8 @@ func writeEtcFiles(dir string, pod *corev1.Pod, cfg PodConfig, podIP string) err
 	var hosts strings.Builder
 	hosts.WriteString("# Kubernetes-managed hosts file (outpost).\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
 	fqdn := hostname
-	if pod.Spec.Subdomain != "" {
+	// An override is the whole name: kubelet gives such a pod no domain.
+	if pod.Spec.Subdomain != "" && pod.Spec.HostnameOverride == nil {
 		fqdn = fmt.Sprintf("%s.%s.%s.svc.%s", hostname, pod.Spec.Subdomain, pod.Namespace, cfg.ClusterDomain)
 	}
 	if podIP != "" {

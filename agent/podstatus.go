@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -121,10 +122,23 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		st.PodIP = ip
 		st.PodIPs = []corev1.PodIP{{IP: ip}}
 	}
+	// As kubelet: in a pod with init containers, a container not created
+	// yet, init or not, waits with PodInitializing.
+	hasInit := len(pod.Spec.InitContainers) > 0
+	podInitializing := func(cs *corev1.ContainerStatus) {
+		if hasInit && cs.State.Waiting != nil && cs.State.Waiting.Reason == "ContainerCreating" {
+			cs.State.Waiting.Reason = "PodInitializing"
+		}
+	}
 	initDone := true
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		cs := w.containerStatus(pod, c, byName[c.Name])
+		podInitializing(&cs)
+		// As kubelet: an init container that succeeded is ready.
+		if t := cs.State.Terminated; t != nil && t.ExitCode == 0 {
+			cs.Ready = true
+		}
 		st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
 		if cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 0 {
 			initDone = false
@@ -134,9 +148,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		cs := w.containerStatus(pod, c, byName[c.Name])
-		if !initDone && cs.State.Waiting != nil && cs.State.Waiting.Reason == "ContainerCreating" {
-			cs.State.Waiting.Reason = "PodInitializing"
-		}
+		podInitializing(&cs)
 		st.ContainerStatuses = append(st.ContainerStatuses, cs)
 		if !cs.Ready {
 			allReady = false
@@ -173,21 +185,59 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		}
 	}
 	now := metav1.NewTime(w.m.clock.Now().Truncate(1e9))
-	cond := func(t corev1.PodConditionType, ok bool, reason string) {
-		c := corev1.PodCondition{Type: t, Status: corev1.ConditionFalse, Reason: reason}
+	cond := func(t corev1.PodConditionType, ok bool, reason, message string) {
+		c := corev1.PodCondition{Type: t, Status: corev1.ConditionFalse, Reason: reason, Message: message}
 		if ok {
-			c.Status, c.Reason = corev1.ConditionTrue, ""
+			c.Status, c.Reason, c.Message = corev1.ConditionTrue, "", ""
 		}
 		c.LastTransitionTime = w.transitionTime(t, c.Status, now)
 		st.Conditions = append(st.Conditions, c)
 	}
 	ready := allReady && initDone && st.Phase == corev1.PodRunning
-	cond(corev1.PodReadyToStartContainers, w.ready, "")
-	cond(corev1.PodInitialized, initDone, "ContainersNotInitialized")
-	cond(corev1.ContainersReady, ready, "ContainersNotReady")
-	cond(corev1.PodReady, ready, "ContainersNotReady")
-	cond(corev1.PodScheduled, true, "")
+	// The reasons and messages are kubelet's (pkg/kubelet/status's
+	// Generate*Condition), which clients and tests read.
+	initReason, initMsg := "ContainersNotInitialized", ""
+	if names := incompleteInit(pod, st.InitContainerStatuses); len(names) > 0 {
+		initMsg = fmt.Sprintf("containers with incomplete status: %s", names)
+	}
+	readyReason, readyMsg := "ContainersNotReady", ""
+	var unready []string
+	for _, cs := range st.ContainerStatuses {
+		if !cs.Ready {
+			unready = append(unready, cs.Name)
+		}
+	}
+	if len(unready) > 0 {
+		readyMsg = fmt.Sprintf("containers with unready status: %s", unready)
+	}
+	if st.Phase == corev1.PodSucceeded {
+		initDone, initReason, initMsg = true, "PodCompleted", ""
+		readyReason, readyMsg = "PodCompleted", ""
+	}
+	cond(corev1.PodReadyToStartContainers, w.ready, "", "")
+	cond(corev1.PodInitialized, initDone, initReason, initMsg)
+	if st.Phase == corev1.PodSucceeded {
+		// kubelet keeps the reason on the True condition of a finished pod.
+		st.Conditions[len(st.Conditions)-1].Reason = "PodCompleted"
+	}
+	cond(corev1.ContainersReady, ready, readyReason, readyMsg)
+	cond(corev1.PodReady, ready, readyReason, readyMsg)
+	cond(corev1.PodScheduled, true, "", "")
 	return st
+}
+
+// incompleteInit names the init containers that did not succeed yet.
+func incompleteInit(pod *corev1.Pod, statuses []corev1.ContainerStatus) []string {
+	var out []string
+	for i, c := range pod.Spec.InitContainers {
+		if i >= len(statuses) {
+			break
+		}
+		if t := statuses[i].State.Terminated; t == nil || t.ExitCode != 0 {
+			out = append(out, c.Name)
+		}
+	}
+	return out
 }
 
 // transitionTime keeps a condition's last transition time while its
