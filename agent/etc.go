@@ -31,7 +31,10 @@ func podHostname(pod *corev1.Pod) string {
 func writeEtcFiles(dir string, pod *corev1.Pod, cfg PodConfig, podIP string) error {
 	hostname := podHostname(pod)
 	var hosts strings.Builder
-	hosts.WriteString("# Kubernetes-managed hosts file (outpost).\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+	// kubelet's header and lines, byte for byte: clients (and
+	// NodeConformance) recognize a managed file by its first line.
+	hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
+		"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n")
 	fqdn := hostname
 	// An override is the whole name: kubelet gives such a pod no domain.
 	if pod.Spec.Subdomain != "" && pod.Spec.HostnameOverride == nil {

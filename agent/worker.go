@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -446,7 +447,16 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 		return wait
 	}
 	spec, err := w.containerSpec(ctx, pod, c, isInit, attempt, img)
-	if err != nil {
+	var merr *mountError
+	switch {
+	case errors.As(err, &merr):
+		// As kubelet: a volume that cannot be set up yet (a config map
+		// not published yet in a new namespace) leaves the container
+		// creating, and says why in an event; it is tried again soon.
+		w.setWaiting(c.Name, "ContainerCreating", "")
+		w.m.events.record(pod, "Warning", "FailedMount", merr.err.Error())
+		return time.Second
+	case err != nil:
 		w.setWaiting(c.Name, "CreateContainerConfigError", err.Error())
 		return 10 * time.Second
 	}
@@ -627,7 +637,7 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	}
 	mounts, err := w.mounts(ctx, pod, c)
 	if err != nil {
-		return ContainerSpec{}, err
+		return ContainerSpec{}, &mountError{err}
 	}
 	vars := podenv.Lookup(env)
 	args := processArgs(c, img)
@@ -678,11 +688,17 @@ func (w *worker) mounts(ctx context.Context, pod *corev1.Pod, c *corev1.Containe
 		}
 		out = append(out, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: opts})
 	}
-	if !hostNetwork(pod) {
+	// As kubelet: a container that mounts its own /etc/hosts keeps it.
+	ownHosts := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return path.Clean(m.MountPath) == "/etc/hosts" })
+	switch {
+	case ownHosts:
+	case !hostNetwork(pod):
 		bind(filepath.Join(dir, "etc-hosts"), "/etc/hosts", false)
-		bind(filepath.Join(dir, "etc-hostname"), "/etc/hostname", false)
-	} else {
+	default:
 		bind("/etc/hosts", "/etc/hosts", true)
+	}
+	if !hostNetwork(pod) {
+		bind(filepath.Join(dir, "etc-hostname"), "/etc/hostname", false)
 	}
 	bind(filepath.Join(dir, "resolv.conf"), "/etc/resolv.conf", false)
 	if c.TerminationMessagePath != "" {
@@ -806,6 +822,12 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	}
 	return errors.Join(errs...)
 }
+
+// mountError is a container's volumes that could not be set up.
+type mountError struct{ err error }
+
+func (e *mountError) Error() string { return e.err.Error() }
+func (e *mountError) Unwrap() error { return e.err }
 
 func findContainer(pod *corev1.Pod, name string) *corev1.Container {
 	for i := range pod.Spec.Containers {

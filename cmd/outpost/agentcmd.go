@@ -139,6 +139,10 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		sources := podenv.StoreSources(st)
 		sources.HostIP = acfg.Pods.HostIP
+		// The downward API's limits.cpu and limits.memory of a container
+		// that sets none are the node's allocatable, as with kubelet.
+		alloc := agent.NodeStatus(agent.NodeConfig{MaxPods: cfg.Node.MaxPods, StorageDir: cfg.StateDir}, agent.NodeDeps{Clock: clk}).Allocatable
+		sources.NodeAllocatable = alloc
 		deps.Pods = agent.PodDeps{
 			Runtime: rt,
 			Cgroups: cgroups.Tree{Parent: cfg.Containerd.CgroupParent},
@@ -148,14 +152,14 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 				return podenv.Env(pod, c, s)
 			},
 			Volumes: func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error) {
-				vs, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP})
+				vs, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP, NodeAllocatable: alloc})
 				if err != nil {
 					return nil, err
 				}
 				return volume.Mounts(pod, c, vs)
 			},
 			RefreshVolumes: func(ctx context.Context, pod *corev1.Pod, podIP string) error {
-				_, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP})
+				_, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP, NodeAllocatable: alloc})
 				return err
 			},
 			TeardownVolumes: vols.Teardown,

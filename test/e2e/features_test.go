@@ -299,9 +299,11 @@ spec:
 }
 
 // TestE2EMissingConfigMap runs pods that reference a ConfigMap that does
-// not exist, by env and by volume, beside a pod that needs none: the two
-// wait with reason CreateContainerConfigError, naming the ConfigMap, while
-// the third runs. Adding the ConfigMap starts them.
+// not exist, by env and by volume, beside a pod that needs none: as with
+// kubelet, the one by env waits with reason CreateContainerConfigError
+// naming the ConfigMap, the one by volume in ContainerCreating with a
+// FailedMount event naming it, while the third runs. Adding the
+// ConfigMap starts them.
 func TestE2EMissingConfigMap(t *testing.T) {
 	n := newNode(t, "e2e-missing")
 	n.write("byenv.yaml", `apiVersion: v1
@@ -335,13 +337,25 @@ spec:
 	n.start()
 	n.waitPod("ok-e2e-missing", 30*time.Second, "running", running)
 	for _, name := range []string{"byenv-e2e-missing", "byvol-e2e-missing"} {
-		p := n.waitPod(name, 15*time.Second, "waiting with CreateContainerConfigError", func(p *agent.PodInfo) bool {
-			w := p.Status.ContainerStatuses[0].State.Waiting
-			return w != nil && w.Reason == "CreateContainerConfigError"
-		})
-		if msg := p.Status.ContainerStatuses[0].State.Waiting.Message; !strings.Contains(msg, "absent") {
-			t.Fatalf("pod %s: waiting message %q does not name the ConfigMap", name, msg)
+		reason := "CreateContainerConfigError"
+		if name == "byvol-e2e-missing" {
+			reason = "ContainerCreating"
 		}
+		p := n.waitPod(name, 15*time.Second, "waiting with "+reason+" and the ConfigMap named", func(p *agent.PodInfo) bool {
+			w := p.Status.ContainerStatuses[0].State.Waiting
+			if w == nil || w.Reason != reason {
+				return false
+			}
+			if reason == "CreateContainerConfigError" {
+				return strings.Contains(w.Message, "absent")
+			}
+			for _, e := range p.Events {
+				if e.Reason == "FailedMount" && strings.Contains(e.Message, "absent") {
+					return true
+				}
+			}
+			return false
+		})
 		if p.Status.Phase != corev1.PodPending || ready(p) {
 			t.Fatalf("pod %s: phase %s ready %v, want Pending and not ready", name, p.Status.Phase, ready(p))
 		}
