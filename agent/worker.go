@@ -885,7 +885,10 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 	}
 	start := func(kind prober.Kind, p *corev1.Probe, on func(prober.Result, string)) {
 		pw, err := prober.NewWorker(prober.WorkerConfig{Kind: kind, Probe: p, Target: target, Started: running.StartedAt, Jitter: w.m.restarted(running)},
-			prober.Deps{Clock: w.m.clock, Rand: w.m.rand, OnChange: on, OnAttempt: func(r prober.Result) { w.m.metrics.probe(kind, r) }})
+			prober.Deps{Clock: w.m.clock, Rand: w.m.rand, OnChange: on, OnAttempt: func(r prober.Result) { w.m.metrics.probe(kind, r) },
+				OnWarning: func(msg string) {
+					w.m.events.record(pod, "Warning", "ProbeWarning", fmt.Sprintf("%s probe warning: %s", probeName(kind), msg))
+				}})
 		if err != nil {
 			w.log.Warn("bad probe", "container", c.Name, "err", err)
 			return
@@ -942,6 +945,17 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 }
 
 func (w *worker) probeSet(id string) *probeSet { return w.probes[id] }
+
+// probeName is kubelet's name of a probe kind in events.
+func probeName(k prober.Kind) string {
+	switch k {
+	case prober.Liveness:
+		return "Liveness"
+	case prober.Readiness:
+		return "Readiness"
+	}
+	return "Startup"
+}
 
 func (ps *probeSet) liveFailed() bool {
 	ps.mu.Lock()

@@ -108,8 +108,9 @@ func doHTTP(ctx context.Context, target string, header http.Header) (Result, str
 	}
 	defer res.Body.Close()
 	// Read (at most maxOutput of) the body so the server can finish its
-	// reply before the connection closes; the result does not depend on it.
-	if _, err := io.Copy(io.Discard, io.LimitReader(res.Body, maxOutput)); err != nil {
+	// reply before the connection closes; only a warning shows it.
+	body, err := io.ReadAll(io.LimitReader(res.Body, maxOutput))
+	if err != nil {
 		return Failure, fmt.Sprintf("HTTP probe failed reading body: %v", err)
 	}
 	if res.StatusCode < http.StatusOK || res.StatusCode >= http.StatusBadRequest {
@@ -118,7 +119,8 @@ func doHTTP(ctx context.Context, target string, header http.Header) (Result, str
 	if res.StatusCode >= http.StatusMultipleChoices {
 		// A redirect to another host, not followed: kubelet counts it as
 		// success with a warning.
-		return Success, fmt.Sprintf("probe terminated redirects: statuscode %d to %q", res.StatusCode, res.Header.Get("Location"))
+		// kubelet's words, which its ProbeWarning event carries.
+		return Success, fmt.Sprintf("Probe terminated redirects, Response body: %s", body)
 	}
 	return Success, ""
 }

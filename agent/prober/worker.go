@@ -40,6 +40,11 @@ type Deps struct {
 	// of every attempt, before thresholds (for metrics); attempts cut
 	// short by the end of Run's context are not reported.
 	OnAttempt func(Result)
+	// OnWarning, when set, is called from Run's goroutine with the
+	// message of every attempt that succeeded with a warning (an httpGet
+	// redirect to another host, not followed), as kubelet posts a
+	// ProbeWarning event for each.
+	OnWarning func(string)
 }
 
 // Worker runs one probe of one container instance periodically, with
@@ -53,15 +58,16 @@ type Deps struct {
 //     Failure and the container is to be restarted), and a liveness worker
 //     stops at Failure (likewise).
 type Worker struct {
-	kind     Kind
-	probe    *corev1.Probe
-	target   Target
-	started  time.Time
-	jitter   bool
-	clock    clock.Clock
-	rand     func(n int64) int64
-	onChange func(Result, string)
-	attempt  func(Result)
+	kind      Kind
+	probe     *corev1.Probe
+	target    Target
+	started   time.Time
+	jitter    bool
+	clock     clock.Clock
+	rand      func(n int64) int64
+	onChange  func(Result, string)
+	attempt   func(Result)
+	onWarning func(string)
 
 	initialDelay     time.Duration
 	period           time.Duration
@@ -102,6 +108,7 @@ func NewWorker(cfg WorkerConfig, deps Deps) (*Worker, error) {
 		rand:             deps.Rand,
 		onChange:         deps.OnChange,
 		attempt:          deps.OnAttempt,
+		onWarning:        deps.OnWarning,
 		initialDelay:     time.Duration(p.InitialDelaySeconds) * time.Second,
 		period:           secondsOr(p.PeriodSeconds, defaultPeriod),
 		successThreshold: intOr(p.SuccessThreshold, defaultSuccessThreshold),
@@ -244,6 +251,9 @@ func (w *Worker) jitterDelay() time.Duration {
 func (w *Worker) observe(r Result, msg string) bool {
 	if r == Unknown {
 		return true
+	}
+	if r == Success && msg != "" && w.onWarning != nil {
+		w.onWarning(msg)
 	}
 	if r == w.last {
 		w.run++
