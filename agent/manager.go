@@ -210,11 +210,7 @@ func (m *podManager) syncDesired(ctx context.Context, first bool) {
 		if _, ok := m.workers[uid]; ok || uid == "" {
 			continue
 		}
-		orphan := &corev1.Pod{}
-		orphan.UID = types.UID(uid)
-		orphan.Namespace, orphan.Name = c.Labels[LabelPodNamespace], c.Labels[LabelPodName]
-		w := m.startWorker(ctx, orphan)
-		w.update(nil)
+		m.removeOrphan(ctx, uid, c.Labels[LabelPodNamespace], c.Labels[LabelPodName])
 	}
 	// Pods that left no container but their directory (a crash or a
 	// power cut while they were removed): the agent made that directory
@@ -230,11 +226,17 @@ func (m *podManager) syncDesired(ctx context.Context, first bool) {
 		if _, ok := m.workers[uid]; ok || !e.IsDir() {
 			continue
 		}
-		orphan := &corev1.Pod{}
-		orphan.UID = types.UID(uid)
-		w := m.startWorker(ctx, orphan)
-		w.update(nil)
+		m.removeOrphan(ctx, uid, "", "")
 	}
+}
+
+// removeOrphan starts a worker that removes what is left of a pod the
+// store no longer has; m.mu is held.
+func (m *podManager) removeOrphan(ctx context.Context, uid, namespace, name string) {
+	orphan := &corev1.Pod{}
+	orphan.UID = types.UID(uid)
+	orphan.Namespace, orphan.Name = namespace, name
+	m.startWorker(ctx, orphan).update(nil)
 }
 
 func (m *podManager) startWorker(ctx context.Context, p *corev1.Pod) *worker {

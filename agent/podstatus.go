@@ -130,7 +130,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 			cs.State.Waiting.Reason = "PodInitializing"
 		}
 	}
-	initDone := true
+	var incomplete []string // init containers that did not succeed yet
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		cs := w.containerStatus(pod, c, byName[c.Name])
@@ -138,12 +138,12 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		// As kubelet: an init container that succeeded is ready.
 		if t := cs.State.Terminated; t != nil && t.ExitCode == 0 {
 			cs.Ready = true
+		} else {
+			incomplete = append(incomplete, c.Name)
 		}
 		st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
-		if cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 0 {
-			initDone = false
-		}
 	}
+	initDone := len(incomplete) == 0
 	allReady, running, succeeded, failed, waiting := true, 0, 0, 0, 0
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
@@ -197,8 +197,8 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 	// The reasons and messages are kubelet's (pkg/kubelet/status's
 	// Generate*Condition), which clients and tests read.
 	initReason, initMsg := "ContainersNotInitialized", ""
-	if names := incompleteInit(pod, st.InitContainerStatuses); len(names) > 0 {
-		initMsg = fmt.Sprintf("containers with incomplete status: %s", names)
+	if !initDone {
+		initMsg = fmt.Sprintf("containers with incomplete status: %s", incomplete)
 	}
 	readyReason, readyMsg := "ContainersNotReady", ""
 	var unready []string
@@ -224,20 +224,6 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 	cond(corev1.PodReady, ready, readyReason, readyMsg)
 	cond(corev1.PodScheduled, true, "", "")
 	return st
-}
-
-// incompleteInit names the init containers that did not succeed yet.
-func incompleteInit(pod *corev1.Pod, statuses []corev1.ContainerStatus) []string {
-	var out []string
-	for i, c := range pod.Spec.InitContainers {
-		if i >= len(statuses) {
-			break
-		}
-		if t := statuses[i].State.Terminated; t == nil || t.ExitCode != 0 {
-			out = append(out, c.Name)
-		}
-	}
-	return out
 }
 
 // transitionTime keeps a condition's last transition time while its

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -946,15 +947,10 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 
 func (w *worker) probeSet(id string) *probeSet { return w.probes[id] }
 
-// probeName is kubelet's name of a probe kind in events.
+// probeName is kubelet's name of a probe kind in events: "Liveness".
 func probeName(k prober.Kind) string {
-	switch k {
-	case prober.Liveness:
-		return "Liveness"
-	case prober.Readiness:
-		return "Readiness"
-	}
-	return "Startup"
+	s := k.String()
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 func (ps *probeSet) liveFailed() bool {
