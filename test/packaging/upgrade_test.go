@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
-	"github.com/outpost-edge/outpost/agent/cgroups"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -121,17 +120,8 @@ func newPodNode(t *testing.T) *podNode {
 	// test's pods' cgroups are removed once containerd's cleanup (which
 	// runs first) killed their containers.
 	t.Cleanup(func() {
-		for _, uid := range n.uids {
-			var err error
-			for range 50 {
-				if err = (cgroups.Tree{Parent: "/outpost"}).RemovePod(uid); err == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if err != nil {
-				t.Errorf("pod %s: %v", uid, err)
-			}
+		if len(n.uids) > 0 {
+			env.RemoveCgroups(t, "/outpost", n.uids...)
 		}
 	})
 	ctrd := env.StartContainerd(t)

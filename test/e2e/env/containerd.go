@@ -80,7 +80,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 			t.Errorf("containerd cleanup: %v", err)
 		}
 		os.RemoveAll(dir)
-		removeCgroups(t, c.CgroupParent)
+		RemoveCgroups(t, c.CgroupParent)
 	})
 	client := c.start(t)
 	// Registered after start, so it runs before the daemon is stopped.

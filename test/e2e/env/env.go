@@ -260,19 +260,30 @@ func killCgroup(parent string) {
 	}
 }
 
-// removeCgroups removes the cgroup parent, and every cgroup below it, in
-// every hierarchy, waiting a little for the processes killed in it to be
-// gone.
-func removeCgroups(t testing.TB, parent string) {
+// RemoveCgroups removes, in every hierarchy, the cgroups of the pods with
+// these UIDs under parent or, with none, parent itself and everything
+// below it, waiting up to 5 s for the processes killed in them to be
+// gone; what is still there then is a test error.
+func RemoveCgroups(t testing.TB, parent string, podUIDs ...string) {
 	tree := cgroups.Tree{Parent: parent}
+	remove := func() error {
+		if len(podUIDs) == 0 {
+			return tree.RemoveAll()
+		}
+		var errs []error
+		for _, uid := range podUIDs {
+			errs = append(errs, tree.RemovePod(uid))
+		}
+		return errors.Join(errs...)
+	}
 	var err error
 	for range 50 {
-		if err = tree.RemoveAll(); err == nil {
+		if err = remove(); err == nil {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Errorf("remove cgroup %s: %v", parent, err)
+	t.Errorf("remove cgroups under %s: %v", parent, err)
 }
 
 // unmountUnder lazily unmounts every mount below dir, deepest first.
