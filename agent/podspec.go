@@ -119,6 +119,7 @@ func security(p *corev1.Pod, c *corev1.Container) Security {
 			s.SupplementalGID = append(s.SupplementalGID, *psc.FSGroup)
 		}
 	}
+	s.Sysctls = podSysctls(p)
 	sc := c.SecurityContext
 	if sc == nil {
 		return s
@@ -160,7 +161,7 @@ func checkNonRoot(p *corev1.Pod, c *corev1.Container, sec Security, img Image) e
 	}
 	if sec.UID != nil {
 		if *sec.UID == 0 {
-			return fmt.Errorf("container has runAsNonRoot and image will run as root (pod: %q, container: %s)", p.Namespace+"/"+p.Name, c.Name)
+			return fmt.Errorf("container's runAsUser breaks non-root policy (pod: %q, container: %s)", p.Namespace+"/"+p.Name, c.Name)
 		}
 		return nil
 	}

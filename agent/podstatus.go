@@ -25,45 +25,49 @@ const ReasonInvalidPod = "InvalidPod"
 
 // invalid returns why pod must never be run, if it must not: the mark a
 // manifest's pod carries (staticpods.Invalid), or else, for a pod of any
-// source, what staticpods.Validate finds. The result is kept for the pod
-// object it was computed for: syncDesired hands the worker a new object
-// only when the pod changed, so an unchanged pod is not checked again on
-// every sync. Called only from the worker's goroutine.
-func (w *worker) invalid(pod *corev1.Pod) (msg string, invalid bool) {
+// source, what staticpods.Validate finds, or else what this node does not
+// admit (admit: another OS, a forbidden sysctl). The result is kept for
+// the pod object it was computed for: syncDesired hands the worker a new
+// object only when the pod changed, so an unchanged pod is not checked
+// again on every sync. Called only from the worker's goroutine.
+func (w *worker) invalid(pod *corev1.Pod) (rejection, bool) {
 	if msg, invalid := staticpods.Invalid(pod); invalid {
-		return msg, true
+		return rejection{ReasonInvalidPod, msg}, true
 	}
 	if pod != w.checked {
-		w.checked, w.badSpec = pod, ""
+		w.checked, w.badSpec = pod, rejection{}
 		if err := staticpods.Validate(pod); err != nil {
-			w.badSpec = err.Error()
+			w.badSpec = rejection{ReasonInvalidPod, err.Error()}
+		} else if r, ok := admit(pod); !ok {
+			w.badSpec = r
 		}
 	}
-	return w.badSpec, w.badSpec != ""
+	return w.badSpec, w.badSpec.reason != ""
 }
 
 // rejected reports whether pod is invalid and, if so, records it as
 // Failed with the reason and message, once per change, and journals its
 // status. The worker then does nothing else for it.
 func (w *worker) rejected(pod *corev1.Pod) bool {
-	msg, invalid := w.invalid(pod)
+	r, invalid := w.invalid(pod)
 	if !invalid {
 		return false
 	}
 	if w.getState() != LifecycleFailed {
-		w.log.Warn("pod rejected: invalid spec", "reason", ReasonInvalidPod, "msg", msg)
-		w.m.events.record(pod, "Warning", ReasonInvalidPod, msg)
+		w.log.Warn("pod rejected", "reason", r.reason, "msg", r.msg)
+		w.m.events.record(pod, "Warning", r.reason, r.msg)
 	}
 	w.setState(LifecycleFailed)
 	w.report(pod, nil)
 	return true
 }
 
-// invalidStatus is the status of an invalid pod: Failed, with the reason
-// and message kubelet gives a pod it rejects, and no container statuses.
-func invalidStatus(pod *corev1.Pod, msg, hostIP string) corev1.PodStatus {
+// invalidStatus is the status of a pod that is never run: Failed, with
+// the reason and message kubelet gives a pod it rejects, and no container
+// statuses.
+func invalidStatus(pod *corev1.Pod, r rejection, hostIP string) corev1.PodStatus {
 	st := corev1.PodStatus{
-		Phase: corev1.PodFailed, Reason: ReasonInvalidPod, Message: msg,
+		Phase: corev1.PodFailed, Reason: r.reason, Message: r.msg,
 		QOSClass: QoSClass(pod), HostIP: hostIP,
 	}
 	if hostIP != "" {
@@ -101,8 +105,8 @@ func (w *worker) journalStatus(pod *corev1.Pod, st corev1.PodStatus) {
 }
 
 func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) corev1.PodStatus {
-	if msg, invalid := w.invalid(pod); invalid {
-		st := invalidStatus(pod, msg, w.m.cfg.HostIP)
+	if r, invalid := w.invalid(pod); invalid {
+		st := invalidStatus(pod, r, w.m.cfg.HostIP)
 		now := metav1.NewTime(w.m.clock.Now().Truncate(1e9))
 		st.Conditions = []corev1.PodCondition{{
 			Type: corev1.PodScheduled, Status: corev1.ConditionTrue,
@@ -130,21 +134,35 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 			cs.State.Waiting.Reason = "PodInitializing"
 		}
 	}
-	var incomplete []string // init containers that did not succeed yet
+	var incomplete []string // init containers that did not succeed (or, sidecars, start) yet
+	var unready []string    // sidecars and containers not ready
+	sidecarsRunning := 0
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		cs := w.containerStatus(pod, c, byName[c.Name])
 		podInitializing(&cs)
-		// As kubelet: an init container that succeeded is ready.
-		if t := cs.State.Terminated; t != nil && t.ExitCode == 0 {
-			cs.Ready = true
-		} else {
+		switch {
+		case isSidecar(c):
+			// As kubelet: a sidecar has initialized once it started; it is
+			// ready by its readiness probe, and counts for the pod's.
+			if cs.Started == nil || !*cs.Started {
+				incomplete = append(incomplete, c.Name)
+			}
+			if !cs.Ready {
+				unready = append(unready, c.Name)
+			}
+			if cs.State.Running != nil {
+				sidecarsRunning++
+			}
+		case cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 0:
+			cs.Ready = true // as kubelet: an init container that succeeded is ready
+		default:
 			incomplete = append(incomplete, c.Name)
 		}
 		st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
 	}
 	initDone := len(incomplete) == 0
-	allReady, running, succeeded, failed, waiting := true, 0, 0, 0, 0
+	allReady, running, succeeded, failed, waiting := len(unready) == 0, 0, 0, 0, 0
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		cs := w.containerStatus(pod, c, byName[c.Name])
@@ -160,6 +178,11 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 			if term == nil {
 				waiting++ // never ran yet
 			}
+		}
+		if cs.State.Waiting == nil || cs.LastTerminationState.Terminated != nil {
+			// As kubelet: once a regular container has run, the pod has
+			// initialized, whatever its sidecars do since.
+			initDone = true
 		}
 		switch {
 		case cs.State.Running != nil:
@@ -178,7 +201,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 	default:
 		// As kubelet's getPhase: a container that has not run yet keeps
 		// the pod Pending, even while others run.
-		if waiting == 0 && running > 0 || (waiting == 0 && initDone && succeeded+failed > 0 && len(pod.Spec.Containers) > 0 && running+succeeded+failed == len(pod.Spec.Containers)) {
+		if waiting == 0 && running+sidecarsRunning > 0 || (waiting == 0 && initDone && succeeded+failed > 0 && len(pod.Spec.Containers) > 0 && running+succeeded+failed == len(pod.Spec.Containers)) {
 			st.Phase = corev1.PodRunning
 		} else {
 			st.Phase = corev1.PodPending
@@ -201,7 +224,6 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		initMsg = fmt.Sprintf("containers with incomplete status: %s", incomplete)
 	}
 	readyReason, readyMsg := "ContainersNotReady", ""
-	var unready []string
 	for _, cs := range st.ContainerStatuses {
 		if !cs.Ready {
 			unready = append(unready, cs.Name)
@@ -221,9 +243,39 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		st.Conditions[len(st.Conditions)-1].Reason = "PodCompleted"
 	}
 	cond(corev1.ContainersReady, ready, readyReason, readyMsg)
-	cond(corev1.PodReady, ready, readyReason, readyMsg)
+	if ready {
+		if msg := readinessGates(pod); msg != "" {
+			cond(corev1.PodReady, false, "ReadinessGatesNotReady", msg)
+		} else {
+			cond(corev1.PodReady, true, "", "")
+		}
+	} else {
+		cond(corev1.PodReady, false, readyReason, readyMsg)
+	}
 	cond(corev1.PodScheduled, true, "", "")
 	return st
+}
+
+// readinessGates says which of the pod's readiness gates keep it from
+// being ready, as kubelet's GeneratePodReadyCondition does, from the gate
+// conditions stored with the pod (store.DesiredPodStatus); "" when none.
+func readinessGates(pod *corev1.Pod) string {
+	var msgs []string
+	for _, g := range pod.Spec.ReadinessGates {
+		var c *corev1.PodCondition
+		for i := range pod.Status.Conditions {
+			if pod.Status.Conditions[i].Type == g.ConditionType {
+				c = &pod.Status.Conditions[i]
+			}
+		}
+		switch {
+		case c == nil:
+			msgs = append(msgs, fmt.Sprintf("corresponding condition of pod readiness gate %q does not exist.", g.ConditionType))
+		case c.Status != corev1.ConditionTrue:
+			msgs = append(msgs, fmt.Sprintf("the status of pod readiness gate %q is not \"True\", but %v", g.ConditionType, c.Status))
+		}
+	}
+	return strings.Join(msgs, ", ")
 }
 
 // transitionTime keeps a condition's last transition time while its

@@ -130,6 +130,9 @@ type Security struct {
 	CapAdd, CapDrop []string
 	ReadOnlyRootfs  bool
 	NoNewPrivileges bool
+	// Sysctls are the pod's sysctls (admitted as safe: namespaced), set
+	// in each container's namespaces.
+	Sysctls map[string]string
 }
 
 // ContainerState is what the runtime says a container is doing.

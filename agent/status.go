@@ -173,7 +173,7 @@ func ReadStatus(st *store.Store) (Status, error) {
 		status := journaled[string(p.UID)]
 		if msg, invalid := staticpods.Invalid(p); invalid && status == nil {
 			// Never run, so its status is known without a worker.
-			st := invalidStatus(p, msg, "")
+			st := invalidStatus(p, rejection{ReasonInvalidPod, msg}, "")
 			status = &st
 		}
 		s.Pods = append(s.Pods, PodInfo{

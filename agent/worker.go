@@ -76,19 +76,22 @@ type worker struct {
 	netnsPath string
 
 	// Owned by the worker goroutine.
-	ip        netip.Addr
-	netns     string
-	ready     bool // sandbox set up
-	startTime metav1.Time
-	waiting   map[string]corev1.ContainerStateWaiting
-	probes    map[string]*probeSet // by container ID
-	probing   sync.WaitGroup       // the probe goroutines
-	lastSent  []byte
-	volErr    string                // the last volume refresh error, logged once
-	pulls     map[string]*pullState // image pull backoff by image
-	checked   *corev1.Pod           // the pod badSpec was computed for
-	badSpec   string                // why checked must not be run; "" if it may
-	log       *slog.Logger
+	ip    netip.Addr
+	netns string
+	ready bool // sandbox set up
+	// initialized: the init containers were done once, so only the
+	// sidecars among them run again.
+	initialized bool
+	startTime   metav1.Time
+	waiting     map[string]corev1.ContainerStateWaiting
+	probes      map[string]*probeSet // by container ID
+	probing     sync.WaitGroup       // the probe goroutines
+	lastSent    []byte
+	volErr      string                // the last volume refresh error, logged once
+	pulls       map[string]*pullState // image pull backoff by image
+	checked     *corev1.Pod           // the pod badSpec was computed for
+	badSpec     rejection             // why checked must not be run; no reason if it may
+	log         *slog.Logger
 }
 
 // probeSet is the probe workers of one running container.
@@ -99,6 +102,7 @@ type probeSet struct {
 	started   bool
 	liveFail  bool
 	liveMsg   string
+	liveKind  prober.Kind // the probe that failed: Liveness or Startup
 	hasReady  bool
 	hasStart  bool
 	readyOnce bool
@@ -208,11 +212,13 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 	initDone, initFailed, n := w.syncInit(ctx, pod, byName)
 	next = minPositive(next, n)
 	if initFailed {
+		w.stopSidecars(ctx, pod, byName)
 		w.setState(LifecycleFailed)
 	} else if initDone {
 		n, terminal := w.syncContainers(ctx, pod, byName)
 		next = minPositive(next, n)
 		if terminal != 0 {
+			w.stopSidecars(ctx, pod, byName)
 			w.setState(terminal)
 		} else {
 			w.setState(LifecycleRunning)
@@ -334,30 +340,141 @@ func (w *worker) podIP() string {
 	return w.m.cfg.HostIP
 }
 
-// syncInit runs init containers in order. It reports whether all have
-// succeeded, whether the pod failed for good, and when to look again.
+// syncInit runs the init containers in order, as kubelet does. A regular
+// one must succeed before the next one starts. A restartable one (a
+// sidecar: restartPolicy Always) must have started, its postStart hook
+// done and its startup probe passed; it then runs beside the pod's
+// containers, probed, and is restarted whenever it ends, whatever the
+// pod's restart policy. Once the pod has initialized, its regular init
+// containers are done for good and a sidecar that is down is restarted
+// without holding anything back. It reports whether the pod has
+// initialized, whether it failed for good, and when to look again.
 func (w *worker) syncInit(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) (done, failed bool, next time.Duration) {
+	initialized := w.initialized || regularStarted(pod, byName)
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		a := byName[c.Name]
+		if isSidecar(c) {
+			n, started := w.syncSidecar(ctx, pod, c, a)
+			next = earliest(next, n)
+			if !started && !initialized {
+				return false, false, next
+			}
+			continue
+		}
+		if initialized {
+			continue
+		}
 		if len(a) > 0 {
 			latest := a[0]
 			switch latest.State {
 			case StateRunning:
-				return false, false, 0
+				return false, false, next
 			case StateExited:
 				if latest.ExitCode == 0 {
 					continue
 				}
 				if pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
-					return false, true, 0
+					return false, true, next
 				}
 			}
 		}
-		n := w.startAttempt(ctx, pod, c, true, a)
-		return false, false, n
+		return false, false, earliest(next, w.startAttempt(ctx, pod, c, true, a))
 	}
-	return true, false, 0
+	w.initialized = true
+	return true, false, next
+}
+
+// syncSidecar keeps a restartable init container running and probed. It
+// reports when to look again and whether the container has started.
+func (w *worker) syncSidecar(ctx context.Context, pod *corev1.Pod, c *corev1.Container, a attempts) (next time.Duration, started bool) {
+	if len(a) > 0 && a[0].State == StateRunning {
+		w.ensureProbes(ctx, pod, c, a[0])
+		ps := w.probeSet(a[0].ID)
+		if ps == nil {
+			return 0, true // a probe that could not be built: as if it had none
+		}
+		if w.restartUnhealthy(ctx, pod, c, a[0], ps) {
+			return time.Millisecond, false
+		}
+		_, started = ps.snapshot()
+		return 0, started
+	}
+	if len(a) > 0 && a[0].State == StateExited {
+		w.stopProbes(a[0].ID)
+	}
+	n := w.startAttempt(ctx, pod, c, true, a)
+	if n == 0 {
+		// Started, its postStart hook done: with no startup probe to
+		// pass, the next container may start now. Look again soon to
+		// start its probes.
+		return 50 * time.Millisecond, c.StartupProbe == nil
+	}
+	return n, false
+}
+
+// restartUnhealthy stops a running container whose liveness or startup
+// probe failed, with the probe's terminationGracePeriodSeconds when it
+// sets one, and reports whether it did; the restart policy then decides.
+func (w *worker) restartUnhealthy(ctx context.Context, pod *corev1.Pod, c *corev1.Container, running Container, ps *probeSet) bool {
+	ps.mu.Lock()
+	failed, msg, kind := ps.liveFail, ps.liveMsg, ps.liveKind
+	ps.mu.Unlock()
+	if !failed {
+		return false
+	}
+	probe := c.LivenessProbe
+	if kind == prober.Startup {
+		probe = c.StartupProbe
+	}
+	grace := w.stopGrace(pod, running)
+	if probe != nil && probe.TerminationGracePeriodSeconds != nil {
+		grace = time.Duration(*probe.TerminationGracePeriodSeconds) * time.Second
+	}
+	w.log.Info(probeName(kind)+" probe failed; restarting container", "container", c.Name, "msg", msg)
+	w.m.events.record(pod, "Warning", "Unhealthy", probeName(kind)+" probe failed: "+msg)
+	w.m.events.record(pod, "Normal", "Killing", fmt.Sprintf("Container %s failed %s probe, will be restarted", c.Name, kind))
+	w.stopContainer(ctx, pod, c, running, grace)
+	w.stopProbes(running.ID)
+	return true
+}
+
+// stopSidecars stops the pod's running sidecars in the reverse of their
+// order, once its regular containers are done: a finished pod's sidecars
+// do not keep it running.
+func (w *worker) stopSidecars(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) {
+	for i := len(pod.Spec.InitContainers) - 1; i >= 0; i-- {
+		c := &pod.Spec.InitContainers[i]
+		if a := byName[c.Name]; isSidecar(c) && len(a) > 0 && a[0].State == StateRunning {
+			w.stopContainer(ctx, pod, c, a[0], w.stopGrace(pod, a[0]))
+			w.stopProbes(a[0].ID)
+		}
+	}
+}
+
+// isSidecar reports whether an init container is restartable: it runs
+// beside the pod's containers (restartPolicy Always).
+func isSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+// regularStarted reports whether a regular container of the pod was ever
+// created: then the pod had initialized (kubelet's hasPodInitialized).
+func regularStarted(pod *corev1.Pod, byName map[string]attempts) bool {
+	for i := range pod.Spec.Containers {
+		if len(byName[pod.Spec.Containers[i].Name]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// earliest is the sooner of two wake-ups, 0 meaning none.
+func earliest(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // syncContainers starts, restarts and probes the regular containers. It
@@ -372,11 +489,7 @@ func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map
 		if len(a) > 0 && a[0].State == StateRunning {
 			allDone = false
 			w.ensureProbes(ctx, pod, c, a[0])
-			if ps := w.probeSet(a[0].ID); ps != nil && ps.liveFailed() {
-				w.log.Info("liveness probe failed; restarting container", "container", c.Name, "msg", ps.liveMsg)
-				w.stopContainer(ctx, pod, c, a[0])
-				w.stopProbes(a[0].ID)
-				w.m.events.record(pod, "Warning", "Unhealthy", "Liveness probe failed: "+ps.liveMsg)
+			if ps := w.probeSet(a[0].ID); ps != nil && w.restartUnhealthy(ctx, pod, c, a[0], ps) {
 				next = time.Millisecond // restart decision right away
 			}
 			continue
@@ -458,15 +571,15 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 		w.m.events.record(pod, "Warning", "FailedMount", merr.err.Error())
 		return time.Second
 	case err != nil:
-		w.setWaiting(c.Name, "CreateContainerConfigError", err.Error())
+		w.failed(pod, c, "CreateContainerConfigError", err)
 		return 10 * time.Second
 	}
 	if err := w.m.rt.Create(ctx, spec); err != nil && !errors.Is(err, ErrExists) {
-		w.setWaiting(c.Name, "CreateContainerError", err.Error())
+		w.failed(pod, c, "CreateContainerError", err)
 		return 5 * time.Second
 	}
 	if err := w.m.rt.Start(ctx, spec.ID); err != nil {
-		w.setWaiting(c.Name, "RunContainerError", err.Error())
+		w.failed(pod, c, "RunContainerError", err)
 		return 5 * time.Second
 	}
 	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
@@ -617,6 +730,13 @@ func pullPolicy(c *corev1.Container) corev1.PullPolicy {
 	return staticpods.DefaultPullPolicy(c.Image)
 }
 
+// failed leaves container c waiting with reason and posts kubelet's
+// "Failed" event for it.
+func (w *worker) failed(pod *corev1.Pod, c *corev1.Container, reason string, err error) {
+	w.setWaiting(c.Name, reason, err.Error())
+	w.m.events.record(pod, "Warning", "Failed", "Error: "+err.Error())
+}
+
 func (w *worker) setWaiting(name, reason, msg string) {
 	if cur := w.waiting[name]; cur.Reason != reason {
 		w.log.Info("container waiting", "container", name, "reason", reason, "msg", msg)
@@ -711,6 +831,10 @@ func (w *worker) mounts(ctx context.Context, pod *corev1.Pod, c *corev1.Containe
 		if err := os.WriteFile(f, nil, 0o666); err != nil {
 			return nil, err
 		}
+		// Any user the container runs as may write it, whatever the umask.
+		if err := os.Chmod(f, 0o666); err != nil {
+			return nil, err
+		}
 		bind(f, c.TerminationMessagePath, false)
 	}
 	return out, nil
@@ -724,20 +848,27 @@ func gracePeriod(pod *corev1.Pod) int64 {
 	return corev1.DefaultTerminationGracePeriodSeconds
 }
 
-// stopContainer runs the preStop hook (exec) and stops the container with
-// the pod's grace period. It leaves the container's probes to the caller:
-// terminate stops containers in parallel.
-func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, running Container) {
+// stopGrace is how long a running container of the pod gets to stop:
+// the pod's deletionGracePeriodSeconds while it is deleted, else its
+// terminationGracePeriodSeconds, else (the pod is gone) the period its
+// container's label kept.
+func (w *worker) stopGrace(pod *corev1.Pod, running Container) time.Duration {
 	grace := 30 * time.Second
 	if pod.Spec.TerminationGracePeriodSeconds != nil {
 		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
 	} else if v, err := strconv.ParseInt(running.Labels[LabelGracePeriod], 10, 64); err == nil && v >= 0 {
-		// The pod is gone and its spec with it: the label kept the period.
 		grace = time.Duration(v) * time.Second
 	}
 	if pod.DeletionGracePeriodSeconds != nil {
 		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
 	}
+	return grace
+}
+
+// stopContainer runs the preStop hook and stops the container, all within
+// grace. It leaves the container's probes to the caller: terminate stops
+// containers in parallel.
+func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, running Container, grace time.Duration) {
 	start := w.m.clock.Now()
 	if c != nil && c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
 		hctx, cancel := context.WithTimeout(ctx, grace)
@@ -747,7 +878,7 @@ func (w *worker) stopContainer(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			w.log.Warn("preStop hook failed", "container", c.Name, "err", err)
 			w.m.events.record(pod, "Warning", "FailedPreStopHook", fmt.Sprintf("PreStopHook failed: %v", err))
 		}
-		grace = max(grace-w.m.clock.Since(start), 2*time.Second)
+		grace = max(grace-w.m.clock.Since(start), minStopGrace)
 	}
 	if c != nil {
 		w.m.events.record(pod, "Normal", "Killing", "Stopping container "+c.Name)
@@ -779,15 +910,7 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	w.mu.Lock()
 	last := w.last
 	w.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, c := range cs {
-		if c.State != StateRunning {
-			continue
-		}
-		spec := findContainer(last, c.Labels[LabelContainer])
-		wg.Go(func() { w.stopContainer(ctx, last, spec, c) })
-	}
-	wg.Wait()
+	w.stopAll(ctx, last, cs)
 	w.stopProbes("")
 	if pod != nil {
 		return w.reportTerminated(ctx, pod)
@@ -823,6 +946,41 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	}
 	return errors.Join(errs...)
 }
+
+// stopAll stops the pod's running containers as kubelet does: the regular
+// ones at once, each with the pod's grace period, then the sidecars one by
+// one in the reverse of their order, in what is left of it (at least 2 s),
+// so a sidecar serves the others until they are gone.
+func (w *worker) stopAll(ctx context.Context, pod *corev1.Pod, cs []Container) {
+	start := w.m.clock.Now()
+	var wg sync.WaitGroup
+	sidecars := map[string]Container{}
+	var grace time.Duration
+	for _, c := range cs {
+		if c.State != StateRunning {
+			continue
+		}
+		grace = w.stopGrace(pod, c)
+		spec := findContainer(pod, c.Labels[LabelContainer])
+		if spec != nil && isSidecar(spec) && c.Labels[LabelInit] == "true" {
+			sidecars[spec.Name] = c
+			continue
+		}
+		wg.Go(func() { w.stopContainer(ctx, pod, spec, c, grace) })
+	}
+	wg.Wait()
+	for i := len(pod.Spec.InitContainers) - 1; i >= 0; i-- {
+		spec := &pod.Spec.InitContainers[i]
+		if c, ok := sidecars[spec.Name]; ok {
+			left := max(grace-w.m.clock.Since(start), minStopGrace)
+			w.stopContainer(ctx, pod, spec, c, left)
+		}
+	}
+}
+
+// minStopGrace is the least time a container is given to stop, kubelet's
+// minimumGracePeriodInSeconds.
+const minStopGrace = 2 * time.Second
 
 // mountError is a container's volumes that could not be set up.
 type mountError struct{ err error }
@@ -910,7 +1068,7 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 		if c.LivenessProbe != nil {
 			start(prober.Liveness, c.LivenessProbe, func(r prober.Result, msg string) {
 				ps.mu.Lock()
-				ps.liveFail, ps.liveMsg = r == prober.Failure, msg
+				ps.liveFail, ps.liveMsg, ps.liveKind = r == prober.Failure, msg, prober.Liveness
 				ps.mu.Unlock()
 				w.poke()
 			})
@@ -932,7 +1090,7 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 			ps.mu.Lock()
 			ps.started = r == prober.Success
 			if r == prober.Failure {
-				ps.liveFail, ps.liveMsg = true, "startup probe failed: "+msg
+				ps.liveFail, ps.liveMsg, ps.liveKind = true, msg, prober.Startup
 			}
 			ps.mu.Unlock()
 			if r == prober.Success {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -935,4 +936,124 @@ func TestPodPendingWhileAContainerHasNotRun(t *testing.T) {
 	h.rt.AddImage("local:2")
 	h.advance(10 * time.Second)
 	h.eventually("both running", func() bool { return h.running(id(p, "side", 0)) && h.phase(p) == corev1.PodRunning })
+}
+
+func sidecar(name string) corev1.Container {
+	c := ctr(name)
+	always := corev1.ContainerRestartPolicyAlways
+	c.RestartPolicy = &always
+	return c
+}
+
+func TestSidecarsRunBesideThePodAndStopWhenItEnds(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("sidecars", corev1.RestartPolicyNever, ctr("app"))
+	p.Spec.InitContainers = []corev1.Container{sidecar("proxy"), ctr("init1")}
+	h.put(p)
+	h.start()
+	h.synced(0, "proxy, then init1 running", func() bool { return h.running(id(p, "proxy", 0)) && h.running(id(p, "init1", 0)) })
+	if h.phase(p) != corev1.PodPending || h.state(p, "app") != "waiting:PodInitializing" {
+		t.Fatalf("status while initializing:\n%s", h.journal())
+	}
+	h.exit(id(p, "init1", 0), 0, "app running", func() bool { return h.running(id(p, "app", 0)) && h.phase(p) == corev1.PodRunning })
+	if h.condition(p, corev1.PodInitialized) != corev1.ConditionTrue || h.condition(p, corev1.PodReady) != corev1.ConditionTrue ||
+		!h.container(p, "proxy").Ready || h.state(p, "proxy") != "running" {
+		t.Fatalf("status after init:\n%s", h.journal())
+	}
+
+	// A sidecar restarts whatever the pod's policy, and holds nothing back.
+	h.exit(id(p, "proxy", 0), 1, "proxy backing off", func() bool { return h.state(p, "proxy") == "waiting:CrashLoopBackOff" })
+	if h.phase(p) != corev1.PodRunning || h.condition(p, corev1.PodInitialized) != corev1.ConditionTrue ||
+		h.condition(p, corev1.PodReady) != corev1.ConditionFalse {
+		t.Fatalf("status with the sidecar down:\n%s", h.journal())
+	}
+	h.advance(10 * time.Second)
+	h.eventually("proxy restarted", func() bool { return h.running(id(p, "proxy", 1)) })
+	if n := h.count("create " + id(p, "init1", 0)); n != 1 {
+		t.Fatalf("init1 created %d times: %q", n, h.rt.Calls())
+	}
+
+	// The app's end ends the pod: its sidecar is stopped, its exit does not count.
+	h.exit(id(p, "app", 0), 0, "pod Succeeded", func() bool { return h.phase(p) == corev1.PodSucceeded })
+	h.eventually("proxy stopped", func() bool { return !h.running(id(p, "proxy", 1)) })
+	h.advance(time.Minute)
+	if h.running(id(p, "proxy", 2)) || h.phase(p) != corev1.PodSucceeded {
+		t.Fatalf("after the pod ended:\n%s\njournal:\n%s", h.rt.Dump(), h.journal())
+	}
+}
+
+func TestSidecarsStopAfterTheContainersInReverseOrder(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("sidecar-order", corev1.RestartPolicyAlways, ctr("app"))
+	p.Spec.InitContainers = []corev1.Container{sidecar("first"), sidecar("second")}
+	h.put(p)
+	h.start()
+	h.synced(0, "all running", func() bool {
+		return h.running(id(p, "first", 0)) && h.running(id(p, "second", 0)) && h.running(id(p, "app", 0))
+	})
+	if _, err := h.st.Pods().Delete(p.Namespace, p.Name); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("containers removed", func() bool { return h.rt.Dump() == "" })
+	var stops []string
+	for _, c := range h.rt.Calls() {
+		if strings.HasPrefix(c, "stop ") {
+			stops = append(stops, strings.Fields(c)[1])
+		}
+	}
+	want := []string{id(p, "app", 0), id(p, "second", 0), id(p, "first", 0)}
+	if !slices.Equal(stops, want) {
+		t.Fatalf("stops %q, want %q", stops, want)
+	}
+}
+
+func TestSidecarWithStartupProbeHoldsTheNextInitContainer(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("sidecar-startup", corev1.RestartPolicyAlways, ctr("app"))
+	sc := sidecar("proxy")
+	sc.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"check"}}}, PeriodSeconds: 5, FailureThreshold: 100}
+	p.Spec.InitContainers = []corev1.Container{sc}
+	var up atomic.Bool
+	h.rt.SetExec(func(_ context.Context, _ string, cmd []string) (int, []byte, error) {
+		if up.Load() {
+			return 0, nil, nil
+		}
+		return 1, nil, nil
+	})
+	h.put(p)
+	h.start()
+	h.synced(0, "proxy running", func() bool { return h.running(id(p, "proxy", 0)) })
+	h.advance(5 * time.Second)
+	h.advance(5 * time.Second)
+	if h.running(id(p, "app", 0)) || h.condition(p, corev1.PodInitialized) != corev1.ConditionFalse {
+		t.Fatalf("app started before its sidecar did:\n%s", h.rt.Dump())
+	}
+	up.Store(true)
+	h.advance(5 * time.Second)
+	h.eventually("app running", func() bool { return h.running(id(p, "app", 0)) })
+}
+
+func TestReadinessGatesHoldThePodReady(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("gated", corev1.RestartPolicyAlways, ctr("app"))
+	p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/lb"}}
+	h.put(p)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) && h.phase(p) == corev1.PodRunning })
+	reason := func(t corev1.PodConditionType) string {
+		st, _, _ := h.status(p)
+		for _, c := range st.Conditions {
+			if c.Type == t {
+				return string(c.Status) + ":" + c.Reason
+			}
+		}
+		return ""
+	}
+	if reason(corev1.ContainersReady) != "True:" || reason(corev1.PodReady) != "False:ReadinessGatesNotReady" {
+		t.Fatalf("with the gate's condition missing: ContainersReady %s, Ready %s", reason(corev1.ContainersReady), reason(corev1.PodReady))
+	}
+	q := p.DeepCopy()
+	q.Status.Conditions = []corev1.PodCondition{{Type: "example.com/lb", Status: corev1.ConditionTrue}}
+	h.put(q)
+	h.eventually("pod ready", func() bool { return reason(corev1.PodReady) == "True:" })
 }

@@ -317,6 +317,9 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	if sec.ReadOnlyRootfs {
 		opts = append(opts, oci.WithRootFSReadonly())
 	}
+	if len(sec.Sysctls) > 0 {
+		opts = append(opts, withSysctls(sec.Sysctls))
+	}
 	newContainer := func() error {
 		_, err := r.client.NewContainer(ctx, s.ID,
 			containerd.WithContainerLabels(labels),
@@ -416,6 +419,23 @@ func withGID(gid uint32) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		if s.Process != nil {
 			s.Process.User.GID = gid
+		}
+		return nil
+	}
+}
+
+// withSysctls sets the container's sysctls; runc writes them in its
+// namespaces.
+func withSysctls(sysctls map[string]string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Linux.Sysctl == nil {
+			s.Linux.Sysctl = map[string]string{}
+		}
+		for k, v := range sysctls {
+			s.Linux.Sysctl[k] = v
 		}
 		return nil
 	}
