@@ -316,3 +316,20 @@ func (c Collection[T, P]) replaceDiff(tx *bolt.Tx, src Source, vals map[string][
 	}
 	return stale, puts, conflicts
 }
+
+// DesiredPodStatus is the part of a pod's status that is desired state
+// for its node and is stored with the pod: the conditions named by its
+// readiness gates, which controllers set and the node reads to say whether
+// the pod is ready. The rest of the status is the node's to say; storing
+// it would rewrite the pod on every status change.
+func DesiredPodStatus(pod *corev1.Pod) corev1.PodStatus {
+	var st corev1.PodStatus
+	for _, g := range pod.Spec.ReadinessGates {
+		for _, c := range pod.Status.Conditions {
+			if c.Type == g.ConditionType {
+				st.Conditions = append(st.Conditions, corev1.PodCondition{Type: c.Type, Status: c.Status})
+			}
+		}
+	}
+	return st
+}

@@ -100,7 +100,24 @@ func conditionsPatch(conds []corev1.PodCondition) []any {
 	out := make([]any, 0, len(ownedConditions)+len(conds))
 	have := map[corev1.PodConditionType]bool{}
 	for _, c := range conds {
-		out = append(out, c)
+		// A merged condition keeps the fields the patch omits: a reason
+		// and message left from when it was False would stay on it once
+		// True. Empty ones are deleted (null).
+		m := map[string]any{"type": c.Type, "status": c.Status, "lastTransitionTime": c.LastTransitionTime,
+			"lastProbeTime": nil, "reason": nil, "message": nil}
+		if !c.LastProbeTime.IsZero() {
+			m["lastProbeTime"] = c.LastProbeTime
+		}
+		if c.Reason != "" {
+			m["reason"] = c.Reason
+		}
+		if c.Message != "" {
+			m["message"] = c.Message
+		}
+		if c.ObservedGeneration != 0 {
+			m["observedGeneration"] = c.ObservedGeneration
+		}
+		out = append(out, m)
 		have[c.Type] = true
 	}
 	for _, t := range ownedConditions {

@@ -189,7 +189,8 @@ func isMirrorPod(pod *corev1.Pod) bool {
 	return ok
 }
 
-// stripPod returns the pod as it is stored: without status, type meta,
+// stripPod returns the pod as it is stored: without status (but for its
+// readiness gates' conditions, store.DesiredPodStatus), type meta,
 // resourceVersion and managedFields, which change without the desired
 // state changing.
 func stripPod(pod *corev1.Pod) *corev1.Pod {
@@ -197,7 +198,7 @@ func stripPod(pod *corev1.Pod) *corev1.Pod {
 	out.TypeMeta = metav1.TypeMeta{}
 	out.ResourceVersion = ""
 	out.ManagedFields = nil
-	out.Status = corev1.PodStatus{}
+	out.Status = store.DesiredPodStatus(pod)
 	return out
 }
 

@@ -788,6 +788,23 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("a condition that becomes True loses its reason", func(t *testing.T) {
+		p := e.createPod("ready-later", "n1")
+		e.desire(store.SourceAPI, p)
+		notReady := runningWithIP("10.88.0.20")
+		notReady.Conditions[0].Status = corev1.ConditionFalse
+		notReady.Conditions[0].Reason, notReady.Conditions[0].Message = "ContainersNotReady", "containers with unready status: [app]"
+		e.journal(p, notReady)
+		sinkEventually(t, "not ready on the server", func() bool { return e.backlog() == 0 && e.get("ready-later").Status.PodIP == "10.88.0.20" })
+		e.journal(p, runningWithIP("10.88.0.21"))
+		sinkEventually(t, "ready on the server", func() bool { return e.backlog() == 0 && e.get("ready-later").Status.PodIP == "10.88.0.21" })
+		for _, c := range e.get("ready-later").Status.Conditions {
+			if c.Type == corev1.PodReady && (c.Status != corev1.ConditionTrue || c.Reason != "" || c.Message != "") {
+				t.Errorf("Ready on the server = %+v, want True with no reason or message", c)
+			}
+		}
+	})
+
 	t.Run("outage coalesces to one patch", func(t *testing.T) {
 		p := e.createPod("coalesce", "n1")
 		e.desire(store.SourceAPI, p)

@@ -159,8 +159,9 @@ func checkDesired(obj metav1.Object, node string, t Topic) error {
 		if len(o.Spec.Containers) == 0 {
 			return errors.New("spec.containers: empty")
 		}
-		// Status is the node's to say, never the desired state's.
-		o.Status = corev1.PodStatus{}
+		// Status is the node's to say, but for the readiness gates'
+		// conditions that others set.
+		o.Status = store.DesiredPodStatus(o)
 	case *corev1.Service:
 		o.Status = corev1.ServiceStatus{}
 	case *discoveryv1.EndpointSlice:
