@@ -603,3 +603,30 @@ func TestE2EEnsureBridgeRepairs(t *testing.T) {
 		t.Errorf("bridge addresses = %v, want only 10.42.0.1/24", addrs)
 	}
 }
+
+// TestE2EReusedAddressReachesTheNewPod: a pod that gets the address of a
+// pod just torn down is reachable from the host at once. The host's
+// neighbour entry for the address named the old pod's MAC, and would have
+// sent the host's packets (probes, hooks) there for up to a minute.
+func TestE2EReusedAddressReachesTheNewPod(t *testing.T) {
+	e := newEnv(t, "10.42.0.0/24")
+	gw := netip.MustParseAddr("10.42.0.1")
+	a := e.setup(t, uidA)
+	e.setup(t, uidC) // keeps the bridge up, and its neighbour table with it
+	addr := netip.AddrPortFrom(a.IP, 8080).String()
+	la := listen(t, nsAt(t, a.NetNSPath), addr)
+	wantSource(t, "host to pod A", e.host, la, addr, gw) // the host learns A's MAC
+	la.Close()
+	if err := e.net.Teardown(t.Context(), uidA); err != nil {
+		t.Fatal(err)
+	}
+	b := e.setup(t, uidB)
+	if b.IP != a.IP {
+		t.Fatalf("pod B got %s, want A's freed %s", b.IP, a.IP)
+	}
+	lb := listen(t, nsAt(t, b.NetNSPath), addr)
+	serveOnce(lb)
+	if _, err := dialSource(e.host, addr, 2*time.Second); err != nil {
+		t.Fatalf("host to pod B at A's old address: %v", err)
+	}
+}

@@ -368,7 +368,20 @@ func (n *Network) wire(host, pod *netlink.Handle, podNS netns.NsHandle, uid stri
 	if err := pod.RouteReplace(route); err != nil {
 		return fmt.Errorf("add default route via %s: %w", n.rng.gateway, err)
 	}
+	// The address may have been another pod's a moment ago: the host's
+	// neighbour entry for it would still send the host's packets (probes,
+	// hooks, the proxy's) to that pod's MAC, for up to a minute.
+	n.forgetNeighbour(host, bridge.Attrs().Index, ip)
 	return nil
+}
+
+// forgetNeighbour deletes the host's neighbour (ARP) entry for ip on the
+// bridge, if it has one.
+func (n *Network) forgetNeighbour(host *netlink.Handle, bridgeIndex int, ip netip.Addr) {
+	err := host.NeighDel(&netlink.Neigh{LinkIndex: bridgeIndex, Family: netlink.FAMILY_V4, IP: ip.AsSlice()})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		n.log.Debug("delete neighbour entry", "ip", ip, "err", err)
+	}
 }
 
 // ensureVeth returns the pod's veth pair, creating it when it is missing
@@ -465,6 +478,13 @@ func (n *Network) Teardown(ctx context.Context, podUID string) error {
 	}
 	if len(freed) > 0 {
 		n.log.Info("released pod network", "uid", podUID, "ip", strings.Join(freed, ","))
+	}
+	if bridge, err := host.LinkByName(n.cfg.BridgeName); err == nil {
+		for _, a := range freed {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				n.forgetNeighbour(host, bridge.Attrs().Index, ip)
+			}
+		}
 	}
 	return nil
 }
