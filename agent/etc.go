@@ -26,29 +26,45 @@ func podHostname(pod *corev1.Pod) string {
 	return h
 }
 
+// nodeHostsFile is the node's hosts file, the base of a host-network pod's.
+var nodeHostsFile = "/etc/hosts"
+
 // writeEtcFiles writes the pod's /etc/hosts, /etc/hostname and
 // /etc/resolv.conf into its directory, as kubelet does.
 func writeEtcFiles(dir string, pod *corev1.Pod, cfg PodConfig, podIP string) error {
 	hostname := podHostname(pod)
 	var hosts strings.Builder
-	// kubelet's header and lines, byte for byte: clients (and
-	// NodeConformance) recognize a managed file by its first line.
-	hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
-		"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n")
-	fqdn := hostname
-	// An override is the whole name: kubelet gives such a pod no domain.
-	if pod.Spec.Subdomain != "" && pod.Spec.HostnameOverride == nil {
-		fqdn = fmt.Sprintf("%s.%s.%s.svc.%s", hostname, pod.Spec.Subdomain, pod.Namespace, cfg.ClusterDomain)
-	}
-	if podIP != "" {
-		if fqdn != hostname {
-			fmt.Fprintf(&hosts, "%s\t%s\t%s\n", podIP, fqdn, hostname)
-		} else {
-			fmt.Fprintf(&hosts, "%s\t%s\n", podIP, hostname)
+	if pod.Spec.HostNetwork {
+		// kubelet's: the node's own file, marked, with the aliases.
+		node, err := os.ReadFile(nodeHostsFile)
+		if err != nil {
+			return fmt.Errorf("read the node's hosts file: %w", err)
+		}
+		hosts.WriteString("# Kubernetes-managed hosts file (host network).\n")
+		hosts.Write(node)
+	} else {
+		// kubelet's header and lines, byte for byte: clients (and
+		// NodeConformance) recognize a managed file by its first line.
+		hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
+			"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n")
+		fqdn := hostname
+		// An override is the whole name: kubelet gives such a pod no domain.
+		if pod.Spec.Subdomain != "" && pod.Spec.HostnameOverride == nil {
+			fqdn = fmt.Sprintf("%s.%s.%s.svc.%s", hostname, pod.Spec.Subdomain, pod.Namespace, cfg.ClusterDomain)
+		}
+		if podIP != "" {
+			if fqdn != hostname {
+				fmt.Fprintf(&hosts, "%s\t%s\t%s\n", podIP, fqdn, hostname)
+			} else {
+				fmt.Fprintf(&hosts, "%s\t%s\n", podIP, hostname)
+			}
 		}
 	}
-	for _, a := range pod.Spec.HostAliases {
-		fmt.Fprintf(&hosts, "%s\t%s\n", a.IP, strings.Join(a.Hostnames, "\t"))
+	if len(pod.Spec.HostAliases) > 0 {
+		hosts.WriteString("\n# Entries added by HostAliases.\n")
+		for _, a := range pod.Spec.HostAliases {
+			fmt.Fprintf(&hosts, "%s\t%s\n", a.IP, strings.Join(a.Hostnames, "\t"))
+		}
 	}
 	resolv, err := resolvConf(pod, cfg)
 	if err != nil {

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -29,6 +31,43 @@ func TestPodHostnameAsKubeletMakesIt(t *testing.T) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: tc.name}, Spec: corev1.PodSpec{Hostname: tc.hostname, HostnameOverride: tc.override}}
 		if got := podHostname(p); got != tc.want {
 			t.Errorf("pod %q hostname %q: %q, want %q", tc.name, tc.hostname, got, tc.want)
+		}
+	}
+}
+
+func TestEtcHostsAsKubeletWritesIt(t *testing.T) {
+	node := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(node, []byte("127.0.0.1 localhost\n10.0.0.5 board\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := nodeHostsFile
+	nodeHostsFile = node
+	t.Cleanup(func() { nodeHostsFile = old })
+	aliases := []corev1.HostAlias{{IP: "123.45.67.89", Hostnames: []string{"foo", "bar"}}}
+	cfg := PodConfig{ClusterDNS: "10.43.0.10", ClusterDomain: "cluster.local"}
+	for _, tc := range []struct {
+		name    string
+		hostNet bool
+		want    string
+	}{
+		{"pod network", false, "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
+			"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n10.42.0.7\tweb\n" +
+			"\n# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"},
+		{"host network", true, "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n10.0.0.5 board\n" +
+			"\n# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n"},
+	} {
+		dir := t.TempDir()
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+			Spec: corev1.PodSpec{HostNetwork: tc.hostNet, HostAliases: aliases}}
+		if err := writeEtcFiles(dir, pod, cfg, "10.42.0.7"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(dir, "etc-hosts"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != tc.want {
+			t.Errorf("%s: /etc/hosts =\n%s\nwant\n%s", tc.name, got, tc.want)
 		}
 	}
 }

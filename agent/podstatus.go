@@ -198,6 +198,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		st.Phase = corev1.PodSucceeded
 	case LifecycleFailed:
 		st.Phase = corev1.PodFailed
+		st.Reason, st.Message = w.failReason, w.failMessage
 	default:
 		// As kubelet's getPhase: a container that has not run yet keeps
 		// the pod Pending, even while others run.

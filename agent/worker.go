@@ -79,6 +79,9 @@ type worker struct {
 	ip    netip.Addr
 	netns string
 	ready bool // sandbox set up
+	// failReason and failMessage are the status reason and message of a
+	// pod the worker failed on purpose (DeadlineExceeded).
+	failReason, failMessage string
 	// initialized: the init containers were done once, so only the
 	// sidecars among them run again.
 	initialized bool
@@ -204,6 +207,23 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 		w.report(pod, byName)
 		return resync, false
 	}
+	if left, ok := w.deadline(pod); ok && left <= 0 {
+		// As kubelet: a pod active longer than its activeDeadlineSeconds
+		// is stopped and Failed, whatever its restart policy.
+		w.log.Info("pod past its active deadline; stopping it")
+		w.m.events.record(pod, "Normal", reasonDeadlineExceeded, messageDeadlineExceeded)
+		w.stopAll(ctx, pod, cs)
+		w.stopProbes("")
+		w.failReason, w.failMessage = reasonDeadlineExceeded, messageDeadlineExceeded
+		w.setState(LifecycleFailed)
+		if cs, err := w.m.rt.List(ctx, w.uid); err == nil {
+			byName = groupAttempts(cs)
+		}
+		w.report(pod, byName)
+		return resync, false
+	} else if ok {
+		next = left
+	}
 	if err := w.ensureSandbox(ctx, pod); err != nil {
 		w.log.Warn("pod sandbox", "err", err)
 		w.report(pod, byName)
@@ -232,6 +252,24 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 	}
 	w.report(pod, byName)
 	return next, false
+}
+
+// The status reason and message of a pod stopped at its active deadline,
+// as kubelet's.
+const (
+	reasonDeadlineExceeded  = "DeadlineExceeded"
+	messageDeadlineExceeded = "Pod was active on the node longer than the specified deadline"
+)
+
+// deadline returns how long the pod may still be active by its
+// activeDeadlineSeconds, counted from its start time; ok is false when it
+// has no deadline.
+func (w *worker) deadline(pod *corev1.Pod) (left time.Duration, ok bool) {
+	if pod.Spec.ActiveDeadlineSeconds == nil || w.startTime.IsZero() {
+		return 0, false
+	}
+	end := w.startTime.Add(time.Duration(*pod.Spec.ActiveDeadlineSeconds) * time.Second)
+	return end.Sub(w.m.clock.Now()), true
 }
 
 // refreshVolumes rewrites the running pod's content volumes from the
@@ -811,12 +849,8 @@ func (w *worker) mounts(ctx context.Context, pod *corev1.Pod, c *corev1.Containe
 	}
 	// As kubelet: a container that mounts its own /etc/hosts keeps it.
 	ownHosts := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return path.Clean(m.MountPath) == "/etc/hosts" })
-	switch {
-	case ownHosts:
-	case !hostNetwork(pod):
+	if !ownHosts {
 		bind(filepath.Join(dir, "etc-hosts"), "/etc/hosts", false)
-	default:
-		bind("/etc/hosts", "/etc/hosts", true)
 	}
 	if !hostNetwork(pod) {
 		bind(filepath.Join(dir, "etc-hostname"), "/etc/hostname", false)

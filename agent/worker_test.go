@@ -1057,3 +1057,30 @@ func TestReadinessGatesHoldThePodReady(t *testing.T) {
 	h.put(q)
 	h.eventually("pod ready", func() bool { return reason(corev1.PodReady) == "True:" })
 }
+
+func TestActiveDeadlineStopsAndFailsThePod(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("deadline", corev1.RestartPolicyAlways, ctr("app"))
+	h.put(p)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
+	// Set on the running pod, as `kubectl patch` would.
+	q := p.DeepCopy()
+	d := int64(30)
+	q.Spec.ActiveDeadlineSeconds = &d
+	h.put(q)
+	h.advance(20 * time.Second)
+	if !h.running(id(p, "app", 0)) {
+		t.Fatal("stopped before its deadline")
+	}
+	h.advance(10 * time.Second)
+	h.eventually("pod Failed", func() bool { return h.phase(p) == corev1.PodFailed })
+	st, _, _ := h.status(p)
+	if st.Reason != "DeadlineExceeded" || h.running(id(p, "app", 0)) {
+		t.Fatalf("after the deadline: reason %q, containers:\n%s", st.Reason, h.rt.Dump())
+	}
+	h.advance(time.Minute)
+	if h.running(id(p, "app", 1)) {
+		t.Fatal("restarted after its deadline")
+	}
+}

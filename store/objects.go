@@ -186,6 +186,34 @@ func (c Collection[T, P]) List() ([]Record[P], error) {
 	return out, errors.Join(errs...)
 }
 
+// ListNamespace returns the stored objects of this kind in namespace ns,
+// in name order, reading only those.
+func (c Collection[T, P]) ListNamespace(ns string) ([]Record[P], error) {
+	var out []Record[P]
+	var errs []error
+	prefix := []byte(ns + "/")
+	err := c.s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(c.kind.bucket())
+		if b == nil {
+			return nil
+		}
+		cur := b.Cursor()
+		for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
+			rec, err := c.decode(k, v)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out = append(out, rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, errors.Join(errs...)
+}
+
 // each calls fn with every stored key and value of this kind, in key
 // order, in one read transaction; the bytes are valid only during fn.
 func (c Collection[T, P]) each(fn func(k, v []byte)) error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -315,5 +316,28 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestListNamespaceReadsOnlyThatNamespace(t *testing.T) {
+	s := openTemp(t)
+	for _, p := range []*corev1.Pod{pod("a", "x", "i"), pod("a", "y", "i"), pod("ab", "x", "i"), pod("b", "x", "i"), pod("", "z", "i")} {
+		if err := s.Pods().Put(SourceAPI, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := s.Pods().ListNamespace("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Object.Namespace+"/"+r.Object.Name)
+	}
+	if want := []string{"a/x", "a/y"}; !slices.Equal(got, want) {
+		t.Errorf("ListNamespace(a) = %q, want %q", got, want)
+	}
+	if recs, err := s.Pods().ListNamespace("c"); err != nil || len(recs) != 0 {
+		t.Errorf("ListNamespace(c) = %v, %v; want nothing", recs, err)
 	}
 }

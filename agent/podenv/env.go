@@ -36,6 +36,9 @@ type Sources struct {
 	// NodeAllocatable answers resourceFieldRef limits the container (and
 	// the pod) does not set, as kubelet does.
 	NodeAllocatable corev1.ResourceList
+	// Services returns the Services of namespace ns, for the service
+	// environment (see Env). A nil func gives none.
+	Services func(ns string) ([]*corev1.Service, error)
 }
 
 // StoreSources returns Sources reading ConfigMaps and Secrets from the store.
@@ -54,6 +57,14 @@ func StoreSources(st *store.Store) Sources {
 				return nil, false, err
 			}
 			return rec.Object, true, nil
+		},
+		Services: func(ns string) ([]*corev1.Service, error) {
+			recs, err := st.Services().ListNamespace(ns)
+			out := make([]*corev1.Service, 0, len(recs))
+			for _, r := range recs {
+				out = append(out, r.Object)
+			}
+			return out, err
 		},
 	}
 }
@@ -93,7 +104,14 @@ func (e *MissingError) Error() string {
 // an unknown reference is left as written. Values from valueFrom are not
 // expanded. A missing configMap, secret or key that is not optional is a
 // *MissingError; an optional one leaves the variable (or source) out.
+// Last come, in name order, the service variables (kubelet's: see
+// serviceEnv) the container does not define itself; env values may refer
+// to them.
 func Env(pod *corev1.Pod, c *corev1.Container, src Sources) ([]string, error) {
+	svcEnv, err := serviceEnv(pod, src)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s: container %q: %w", pod.Namespace, pod.Name, c.Name, err)
+	}
 	r := &resolver{
 		pod:        pod,
 		c:          c,
@@ -115,7 +133,13 @@ func Env(pod *corev1.Pod, c *corev1.Container, src Sources) ([]string, error) {
 		var val string
 		switch {
 		case e.Value != "":
-			val = Expand(e.Value, env.lookup)
+			val = Expand(e.Value, func(name string) (string, bool) {
+				if v, ok := env.lookup(name); ok {
+					return v, true
+				}
+				v, ok := svcEnv[name]
+				return v, ok
+			})
 		case e.ValueFrom != nil:
 			v, ok, err := r.valueFrom(e)
 			if err != nil {
@@ -127,6 +151,11 @@ func Env(pod *corev1.Pod, c *corev1.Container, src Sources) ([]string, error) {
 			val = v
 		}
 		env.set(e.Name, val)
+	}
+	for _, k := range sortedKeys(svcEnv) {
+		if _, ok := env.lookup(k); !ok {
+			env.set(k, svcEnv[k])
+		}
 	}
 	return env.strings(), nil
 }

@@ -425,3 +425,63 @@ func TestStoreSources(t *testing.T) {
 		t.Fatalf("err = %v, want MissingError for secret other", err)
 	}
 }
+
+func TestServiceEnvAsKubeletMakesIt(t *testing.T) {
+	svc := func(ns, name, ip string, ports ...corev1.ServicePort) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.ServiceSpec{ClusterIP: ip, Ports: ports}}
+	}
+	svcs := map[string][]*corev1.Service{
+		"default": {svc("default", "kubernetes", "10.43.0.1", corev1.ServicePort{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}),
+			svc("default", "other", "10.43.0.9", corev1.ServicePort{Port: 1})},
+		"web": {svc("web", "foo-service", "10.43.0.20", corev1.ServicePort{Port: 8765, Protocol: corev1.ProtocolTCP}),
+			svc("web", "headless", corev1.ClusterIPNone, corev1.ServicePort{Port: 80})},
+	}
+	src := Sources{Services: func(ns string) ([]*corev1.Service, error) { return svcs[ns], nil }}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "p"}}
+	c := &corev1.Container{Name: "c", Env: []corev1.EnvVar{
+		{Name: "URL", Value: "http://$(FOO_SERVICE_SERVICE_HOST):$(FOO_SERVICE_SERVICE_PORT)"},
+		{Name: "KUBERNETES_SERVICE_PORT", Value: "mine"},
+	}}
+	env, err := Env(pod, c, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := envMap(env)
+	for k, v := range map[string]string{
+		"URL":                             "http://10.43.0.20:8765",
+		"KUBERNETES_SERVICE_PORT":         "mine", // the container's own wins
+		"KUBERNETES_SERVICE_HOST":         "10.43.0.1",
+		"KUBERNETES_SERVICE_PORT_HTTPS":   "443",
+		"KUBERNETES_PORT":                 "tcp://10.43.0.1:443",
+		"FOO_SERVICE_SERVICE_HOST":        "10.43.0.20",
+		"FOO_SERVICE_SERVICE_PORT":        "8765",
+		"FOO_SERVICE_PORT":                "tcp://10.43.0.20:8765",
+		"FOO_SERVICE_PORT_8765_TCP":       "tcp://10.43.0.20:8765",
+		"FOO_SERVICE_PORT_8765_TCP_PROTO": "tcp",
+		"FOO_SERVICE_PORT_8765_TCP_PORT":  "8765",
+		"FOO_SERVICE_PORT_8765_TCP_ADDR":  "10.43.0.20",
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	for _, k := range []string{"OTHER_SERVICE_HOST", "HEADLESS_SERVICE_HOST"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("%s set: another namespace's service, or a headless one", k)
+		}
+	}
+	if env[0] != "URL=http://10.43.0.20:8765" {
+		t.Errorf("the container's own variables do not come first: %q", env)
+	}
+
+	off := false
+	pod.Spec.EnableServiceLinks = &off
+	env, err = Env(pod, &corev1.Container{Name: "c"}, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = envMap(env)
+	if _, ok := got["FOO_SERVICE_SERVICE_HOST"]; ok || got["KUBERNETES_SERVICE_HOST"] != "10.43.0.1" {
+		t.Errorf("enableServiceLinks false: %q, want only the kubernetes service's", env)
+	}
+}

@@ -26,6 +26,9 @@ func (m *Manager) setupEmptyDir(dir string, pod *corev1.Pod, v *corev1.Volume, i
 			return Volume{}, volErr(pod, v.Name, "emptyDir.mode: %#o is not between 0 and 01777", *ed.Mode)
 		}
 		perm = fileMode(*ed.Mode)
+	} else if ed.Medium == corev1.StorageMediumMemory {
+		// As kubelet: a tmpfs keeps its root's mode, 1777 (sticky).
+		perm |= fs.ModeSticky
 	}
 	_, err := os.Lstat(dir)
 	fresh := errors.Is(err, fs.ErrNotExist)

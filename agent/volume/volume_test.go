@@ -436,6 +436,9 @@ func TestEmptyDirMemory(t *testing.T) {
 	if size := int64(sfs.Blocks) * int64(sfs.Bsize); size != 8<<20 {
 		t.Errorf("tmpfs size %d, want %d", size, 8<<20)
 	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode() != fs.ModeDir|fs.ModeSticky|0o777 {
+		t.Errorf("tmpfs mode %v (%v), want dtrwxrwxrwx as kubelet's", fi.Mode(), err)
+	}
 	if _, err := e.m.Setup(context.Background(), pod, PodInfo{}); err != nil {
 		t.Fatal(err)
 	}
