@@ -193,6 +193,10 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 			failed++
 		}
 	}
+	for i := range pod.Spec.EphemeralContainers {
+		c := corev1.Container(pod.Spec.EphemeralContainers[i].EphemeralContainerCommon)
+		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, w.containerStatus(pod, &c, byName[c.Name]))
+	}
 	switch w.getState() {
 	case LifecycleSucceeded:
 		st.Phase = corev1.PodSucceeded

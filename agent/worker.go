@@ -242,6 +242,7 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 			w.setState(terminal)
 		} else {
 			w.setState(LifecycleRunning)
+			next = minPositive(next, w.syncEphemeral(ctx, pod, byName))
 			w.refreshVolumes(ctx, pod)
 		}
 	}
@@ -488,6 +489,19 @@ func (w *worker) stopSidecars(ctx context.Context, pod *corev1.Pod, byName map[s
 			w.stopProbes(a[0].ID)
 		}
 	}
+}
+
+// syncEphemeral starts each of the running pod's ephemeral containers
+// (kubectl debug) once, as kubelet does: one that ended is never
+// restarted, and none is probed. It returns when to look again.
+func (w *worker) syncEphemeral(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) (next time.Duration) {
+	for i := range pod.Spec.EphemeralContainers {
+		c := corev1.Container(pod.Spec.EphemeralContainers[i].EphemeralContainerCommon)
+		if a := byName[c.Name]; len(a) == 0 || a[0].State == StateCreated {
+			next = earliest(next, w.startAttempt(ctx, pod, &c, false, a))
+		}
+	}
+	return next
 }
 
 // isSidecar reports whether an init container is restartable: it runs
@@ -1031,6 +1045,12 @@ func findContainer(pod *corev1.Pod, name string) *corev1.Container {
 	for i := range pod.Spec.InitContainers {
 		if pod.Spec.InitContainers[i].Name == name {
 			return &pod.Spec.InitContainers[i]
+		}
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		if pod.Spec.EphemeralContainers[i].Name == name {
+			c := corev1.Container(pod.Spec.EphemeralContainers[i].EphemeralContainerCommon)
+			return &c
 		}
 	}
 	return nil

@@ -1084,3 +1084,26 @@ func TestActiveDeadlineStopsAndFailsThePod(t *testing.T) {
 		t.Fatal("restarted after its deadline")
 	}
 }
+
+func TestEphemeralContainerStartsOnceInARunningPod(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("debugged", corev1.RestartPolicyAlways, ctr("app"))
+	h.put(p)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
+	q := p.DeepCopy()
+	q.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon(ctr("debugger"))}}
+	h.put(q)
+	h.eventually("debugger running and reported", func() bool {
+		st, _, _ := h.status(p)
+		return h.running(id(p, "debugger", 0)) && len(st.EphemeralContainerStatuses) == 1 && st.EphemeralContainerStatuses[0].State.Running != nil
+	})
+	h.exit(id(p, "debugger", 0), 0, "debugger terminated", func() bool {
+		st, _, _ := h.status(p)
+		return st.EphemeralContainerStatuses[0].State.Terminated != nil
+	})
+	h.advance(time.Minute)
+	if n := h.count("create " + id(p, "debugger", 1)); n != 0 || h.phase(p) != corev1.PodRunning {
+		t.Fatalf("ephemeral container started again, or the pod changed phase (%s): %q", h.phase(p), h.rt.Calls())
+	}
+}
