@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -232,13 +233,50 @@ func (s *Server) containerLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain")
 	w.Header().Set("Cache-Control", "no-cache")
-	fw := &flushWriter{w: w}
-	if f, ok := w.(http.Flusher); ok && opts.Follow {
-		fw.f = f
+	f, _ := w.(http.Flusher)
+	if opts.Follow {
+		if err := crilog.Read(ctx, path, opts, s.deps.Clock, &flushWriter{w: w, f: f}); err != nil && ctx.Err() == nil {
+			s.deps.Log.Debug("kubelet api: read log", "path", path, "err", err)
+		}
+		return
 	}
-	if err := crilog.Read(ctx, path, opts, s.deps.Clock, fw); err != nil && ctx.Err() == nil {
+	cw := &countWriter{w: w}
+	bw := bufio.NewWriterSize(cw, 32<<10)
+	if err := crilog.Read(ctx, path, opts, s.deps.Clock, bw); err != nil && ctx.Err() == nil {
 		s.deps.Log.Debug("kubelet api: read log", "path", path, "err", err)
 	}
+	if bw.Flush() != nil || f == nil || cw.n == 0 {
+		return
+	}
+	// The API server's websocket log stream (kubectl logs over
+	// websockets) drops the data of a read that also reports the end of
+	// the body: a response with a Content-Length, or whose last chunk and
+	// end arrive together, reaches such a client empty. So the log goes
+	// chunked, and its end a moment after its last byte, as kubelet's
+	// happens to.
+	f.Flush()
+	t := s.deps.Clock.NewTimer(logEndPause)
+	defer t.Stop()
+	select {
+	case <-t.C():
+	case <-ctx.Done():
+	}
+}
+
+// logEndPause is how long a finished log response waits after its last
+// byte before it ends (see containerLogs).
+const logEndPause = 10 * time.Millisecond
+
+// countWriter counts the bytes written through it.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // untilStopped cancels a followed log once its container no longer runs

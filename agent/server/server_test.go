@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -348,6 +349,34 @@ func TestLogs(t *testing.T) {
 	status, body := h.do("GET", "/containerLogs/default/web/httpd?timestamps=1&tailLines=1", &admin, "")
 	if status != 200 || !strings.HasSuffix(body, " line 5\n") || len(body) < 20 {
 		t.Errorf("timestamps: %d %q", status, body)
+	}
+}
+
+// TestLogEndsApartFromItsLastByte: a finished log comes chunked, and a
+// reader that reads its last bytes does not get the end of the body in the
+// same read. The API server's websocket log copier drops the bytes of a
+// read that also returns io.EOF, so such a log would reach a websocket
+// client (kubectl logs over websockets) empty.
+func TestLogEndsApartFromItsLastByte(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{admin}}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get(h.url + "/containerLogs/default/web/httpd?tailLines=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ContentLength != -1 || !slices.Equal(resp.TransferEncoding, []string{"chunked"}) {
+		t.Errorf("content length %d, transfer encoding %q; want chunked", resp.ContentLength, resp.TransferEncoding)
+	}
+	buf := make([]byte, 4096)
+	n, err := resp.Body.Read(buf)
+	if string(buf[:n]) != "line 5\n" || err != nil {
+		t.Errorf("first read = %q, %v; want the whole log and no error", buf[:n], err)
+	}
+	if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
+		t.Errorf("second read = %d, %v; want the end alone", n, err)
 	}
 }
 
