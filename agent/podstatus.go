@@ -297,7 +297,10 @@ func (w *worker) transitionTime(t corev1.PodConditionType, s corev1.ConditionSta
 }
 
 func (w *worker) containerStatus(pod *corev1.Pod, c *corev1.Container, a attempts) corev1.ContainerStatus {
-	cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image}
+	// As kubelet's prober manager: started is always set, false unless
+	// the container runs and its startup probe (if any) passed.
+	notStarted := false
+	cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Started: &notStarted}
 	if wt, ok := w.waiting[c.Name]; ok && (len(a) == 0 || a[0].State != StateRunning) {
 		wt := wt
 		cs.State.Waiting = &wt

@@ -952,8 +952,8 @@ func TestSidecarsRunBesideThePodAndStopWhenItEnds(t *testing.T) {
 	h.put(p)
 	h.start()
 	h.synced(0, "proxy, then init1 running", func() bool { return h.running(id(p, "proxy", 0)) && h.running(id(p, "init1", 0)) })
-	if h.phase(p) != corev1.PodPending || h.state(p, "app") != "waiting:PodInitializing" {
-		t.Fatalf("status while initializing:\n%s", h.journal())
+	if st := h.container(p, "app"); h.phase(p) != corev1.PodPending || h.state(p, "app") != "waiting:PodInitializing" || st.Started == nil || *st.Started {
+		t.Fatalf("status while initializing (started %v, as kubelet: false):\n%s", st.Started, h.journal())
 	}
 	h.exit(id(p, "init1", 0), 0, "app running", func() bool { return h.running(id(p, "app", 0)) && h.phase(p) == corev1.PodRunning })
 	if h.condition(p, corev1.PodInitialized) != corev1.ConditionTrue || h.condition(p, corev1.PodReady) != corev1.ConditionTrue ||
