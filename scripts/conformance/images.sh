@@ -4,11 +4,14 @@
 # plain-HTTP registry at REGISTRY under the names repo-list.yaml maps the
 # test registries to. Run it where REGISTRY is reachable (the cluster's
 # network namespace). The substitutes:
-#   busybox, nonroot, glibc-dns-testing: busybox-static with every applet,
-#     and Debian's bash as /bin/sh (busybox 1.35's ash drops environment
-#     variables whose names are not identifiers, which EnvFrom makes);
+#   busybox, nonroot, glibc-dns-testing: busybox-static with every applet;
+#     /bin/sh is shsel/sh.c, which runs busybox's ash as upstream's images
+#     do (the specs match ash's messages), or Debian's bash when the
+#     environment holds names that are not identifiers (EnvFrom makes
+#     them; busybox 1.35's ash drops them, upstream's 1.37 does not);
 #   agnhost, kitten, nautilus: agnhost built from k8s.io/kubernetes, with
-#     that userland, curl and netcat-openbsd;
+#     that userland, bash as /bin/sh (Debian's ash prefers its own applets
+#     to PATH: its nc has no -u), curl and netcat-openbsd;
 #   pause: a static pause; nonewprivs: a setuid binary that prints its
 #     effective UID; nginx: busybox httpd on :80.
 set -euo pipefail
@@ -31,7 +34,8 @@ copybin() {
 		cp -L "$l" "$d$l"
 	done
 }
-# mkbase ROOT: a busybox userland with bash as /bin/sh.
+# mkbase ROOT [ash]: a busybox userland with bash as /bin/sh, or with
+# ash: shsel's choice of ash or bash.
 mkbase() {
 	local d=$1 a
 	mkdir -p "$d"/{bin,etc,tmp,root,home,proc,sys,dev,usr/bin,usr/local/bin,var}
@@ -43,12 +47,17 @@ mkbase() {
 	ln -sf ../../bin/env "$d/usr/bin/env"
 	rm -f "$d/bin/sh" "$d/bin/bash"
 	copybin "$d" /bin/bash /bin/bash
-	ln -s bash "$d/bin/sh"
+	if [[ ${2:-} == ash ]]; then
+		cp "$W/shsel" "$d/bin/sh"
+	else
+		ln -s bash "$d/bin/sh"
+	fi
 	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n' >"$d/etc/passwd"
 	printf 'root:x:0:\nnobody:x:65534:\n' >"$d/etc/group"
 }
 
-mkbase "$W/busybox"
+gcc -static -O2 -o "$W/shsel" "$HERE/shsel/sh.c"
+mkbase "$W/busybox" ash
 for t in 1.37.0-2 1.36.1-1; do push "$E/busybox:$t" "$W/busybox" --cmd '["sh"]'; done
 push "$E/nonroot:1.5" "$W/busybox" --cmd '["sh"]' --user 1234
 push "$E/glibc-dns-testing:2.1.1" "$W/busybox" --cmd '["sh"]'

@@ -95,6 +95,7 @@ for tool in "$TB/etcd" "$TB/kube-apiserver" "$TB/kube-controller-manager" "$TB/k
 	[[ -x $tool ]] || { log "$tool is missing: make testenv and scripts/conformance/build.sh build it"; exit 1; }
 done
 command -v nc.openbsd >/dev/null || apt-get install -y -qq netcat-openbsd >/dev/null
+[[ -e /usr/lib/x86_64-linux-gnu/libc.a || -e /usr/lib/aarch64-linux-gnu/libc.a ]] && command -v gcc >/dev/null || apt-get install -y -qq gcc libc6-dev >/dev/null
 mkdir -p "$L" "$P" "$REPORT"
 make --no-print-directory build >/dev/null
 
