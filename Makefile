@@ -44,9 +44,11 @@ test-unit:
 	$(GO) test -race -short ./...
 
 # test runs every test beside another outpost (scripts/testenv/beside.sh,
-# as root), which it checks was left alone.
+# as root), which it checks was left alone, then a quick subset of make
+# conformance where its tools are built (scripts/conformance/quick.sh).
 test: testenv lint
 	scripts/testenv/beside.sh $(GO) test -race -count=1 -timeout 60m ./...
+	@scripts/conformance/quick.sh
 	@$(MAKE) --no-print-directory test-arm
 
 # test-arm runs the unit tests for linux/arm64 and linux/arm (ARMv7) under

@@ -13,10 +13,13 @@
 #
 #   CONFORMANCE_FOCUS=REGEX  runs the specs whose names match (default
 #                            \[NodeConformance\])
+#   CONFORMANCE_SPECS=FILE   runs the specs FILE names, one per line as in
+#                            specs-236.txt (quick.txt: make test's subset)
 #   CONFORMANCE_PROCS=N      ginkgo processes (default 4)
 #   CONFORMANCE_TIMEOUT=D    ends the run after D (default 3h); the specs
 #                            not run by then are not counted
 #   CONFORMANCE_KEEP=1       leaves the cluster's logs in the work dir
+#   CONFORMANCE_REPORT=DIR   where the junit report goes (dist/conformance)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -29,9 +32,15 @@ TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
 TB=$TOOLS/bin
 CB=$TOOLS/conformance/bin
 FOCUS=${CONFORMANCE_FOCUS:-'\[NodeConformance\]'}
+if [[ -n ${CONFORMANCE_SPECS:-} ]]; then
+	# Each name, its regexp metacharacters escaped, as one alternative.
+	FOCUS=$(python3 -c 'import re, sys
+names = [l.split(": ", 1)[1].strip() for l in open(sys.argv[1]) if l.strip() and not l.startswith("#")]
+print("|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", n) for n in names))' "$CONFORMANCE_SPECS")
+fi
 SKIP='\[Serial\]|\[Slow\]|\[Flaky\]|\[Disruptive\]|\[Feature:[^]]+\]|\[FeatureGate:[^]]+\]'
 PROCS=${CONFORMANCE_PROCS:-4}
-REPORT=$ROOT/dist/conformance
+REPORT=${CONFORMANCE_REPORT:-$ROOT/dist/conformance}
 W=$(mktemp -d /tmp/outpost-conformance.XXXXXX)
 NS=opconf-$$
 NODE=conformance-node
@@ -95,7 +104,10 @@ for tool in "$TB/etcd" "$TB/kube-apiserver" "$TB/kube-controller-manager" "$TB/k
 	[[ -x $tool ]] || { log "$tool is missing: make testenv and scripts/conformance/build.sh build it"; exit 1; }
 done
 command -v nc.openbsd >/dev/null || apt-get install -y -qq netcat-openbsd >/dev/null
-[[ -e /usr/lib/x86_64-linux-gnu/libc.a || -e /usr/lib/aarch64-linux-gnu/libc.a ]] && command -v gcc >/dev/null || apt-get install -y -qq gcc libc6-dev >/dev/null
+# gcc and a static libc build the images' /bin/sh (shsel/sh.c).
+if ! command -v gcc >/dev/null || [[ $(gcc -print-file-name=libc.a) != /* ]]; then
+	apt-get install -y -qq gcc libc6-dev >/dev/null
+fi
 mkdir -p "$L" "$P" "$REPORT"
 make --no-print-directory build >/dev/null
 
