@@ -1008,13 +1008,14 @@ func (w *worker) stopAll(ctx context.Context, pod *corev1.Pod, cs []Container) {
 		if c.State != StateRunning {
 			continue
 		}
-		grace = w.stopGrace(pod, c)
+		g := w.stopGrace(pod, c)
+		grace = g
 		spec := findContainer(pod, c.Labels[LabelContainer])
 		if spec != nil && isSidecar(spec) && c.Labels[LabelInit] == "true" {
 			sidecars[spec.Name] = c
 			continue
 		}
-		wg.Go(func() { w.stopContainer(ctx, pod, spec, c, grace) })
+		wg.Go(func() { w.stopContainer(ctx, pod, spec, c, g) })
 	}
 	wg.Wait()
 	for i := len(pod.Spec.InitContainers) - 1; i >= 0; i-- {
