@@ -1068,7 +1068,9 @@ func TestActiveDeadlineStopsAndFailsThePod(t *testing.T) {
 	q := p.DeepCopy()
 	d := int64(30)
 	q.Spec.ActiveDeadlineSeconds = &d
+	n := h.clk.syncs()
 	h.put(q)
+	h.synced(n, "the deadline seen", func() bool { return true }) // its timer armed before time moves
 	h.advance(20 * time.Second)
 	if !h.running(id(p, "app", 0)) {
 		t.Fatal("stopped before its deadline")
