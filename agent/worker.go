@@ -230,19 +230,19 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 		return 5 * time.Second, false
 	}
 	initDone, initFailed, n := w.syncInit(ctx, pod, byName)
-	next = minPositive(next, n)
+	next = earliest(next, n)
 	if initFailed {
 		w.stopSidecars(ctx, pod, byName)
 		w.setState(LifecycleFailed)
 	} else if initDone {
 		n, terminal := w.syncContainers(ctx, pod, byName)
-		next = minPositive(next, n)
+		next = earliest(next, n)
 		if terminal != 0 {
 			w.stopSidecars(ctx, pod, byName)
 			w.setState(terminal)
 		} else {
 			w.setState(LifecycleRunning)
-			next = minPositive(next, w.syncEphemeral(ctx, pod, byName))
+			next = earliest(next, w.syncEphemeral(ctx, pod, byName))
 			w.refreshVolumes(ctx, pod)
 		}
 	}
@@ -300,13 +300,6 @@ func hasContentVolume(pod *corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-func minPositive(a, b time.Duration) time.Duration {
-	if b > 0 && b < a {
-		return b
-	}
-	return a
 }
 
 func (w *worker) setState(s Lifecycle) {

@@ -10,6 +10,7 @@ package podenv
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"unicode"
@@ -152,7 +153,7 @@ func Env(pod *corev1.Pod, c *corev1.Container, src Sources) ([]string, error) {
 		}
 		env.set(e.Name, val)
 	}
-	for _, k := range sortedKeys(svcEnv) {
+	for _, k := range slices.Sorted(maps.Keys(svcEnv)) {
 		if _, ok := env.lookup(k); !ok {
 			env.set(k, svcEnv[k])
 		}

@@ -3,7 +3,6 @@ package podenv
 import (
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -84,14 +83,4 @@ func addServiceEnv(env map[string]string, s *corev1.Service) {
 		env[pp+"_PORT"] = port
 		env[pp+"_ADDR"] = ip
 	}
-}
-
-// sortedKeys returns m's keys in order.
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
