@@ -15,7 +15,7 @@ DIST ?= dist
 # Tools built for the tests (etcd, kube-apiserver, kubectl, registry) live here.
 export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
 
-.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench demo lint clean conformance
+.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench bench-peers demo lint clean conformance
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
@@ -72,6 +72,13 @@ bench:
 	@scripts/bench-proxy.sh
 	$(GO) test -run '^$$' -bench BenchmarkKubeletAPI -benchtime 1x -timeout 20m ./test/e2e/
 	$(GO) test -run '^$$' -bench BenchmarkMQTT -benchtime 1x -timeout 60m ./test/e2e/
+
+# bench-peers: outpost beside upstream kube-proxy (and kubelet, built with
+# it) v1.37.2 in one run, the runs alternating; prints one table with the
+# ratios and writes it to docs/benchmarks.md with charts in docs/img/
+# (root; see docs/benchmarks.md).
+bench-peers:
+	@GO='$(GO)' scripts/bench-peers.sh
 
 demo: build
 	@scripts/demo.sh

@@ -8,7 +8,8 @@
 # version is not rebuilt.
 #
 # With the argument kube-proxy it builds only kube-proxy (for the service
-# proxy benchmark, `make bench`), which `make test` does not need.
+# proxy benchmark, `make bench`), and with peers kube-proxy and kubelet
+# (for `make bench-peers`): `make test` needs neither.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -79,6 +80,25 @@ build_kube_proxy() {
 	echo "$KUBE_VERSION" >"$BIN/.kube-proxy.version"
 }
 
+build_kubelet() {
+	if [[ "$(stamp kubelet)" == "$KUBE_VERSION" && -x "$BIN/kubelet" && -f "$TOOLS/src/kube-$KUBE_VERSION/go.mod" ]]; then
+		echo "testenv: kubelet $KUBE_VERSION already built"
+		return
+	fi
+	build_kube
+	cd "$TOOLS/src/kube-$KUBE_VERSION"
+	grep -q 'cmd/kubelet"' tools.go || sed -i 's|^\t_ "k8s.io/kubernetes/cmd/kubectl"|&\n\t_ "k8s.io/kubernetes/cmd/kubelet"|' tools.go
+	echo "testenv: building kubelet $KUBE_VERSION"
+	# kubelet reports its version to the API server and checks it against
+	# the node's: stamp the release's.
+	local v=${KUBE_VERSION#v} ldf="-s -w"
+	ldf+=" -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=${v%%.*}"
+	v=${v#*.}
+	ldf+=" -X k8s.io/component-base/version.gitMinor=${v%%.*} -X k8s.io/component-base/version.gitTreeState=clean"
+	go build -trimpath -ldflags "$ldf" -o "$BIN/kubelet" k8s.io/kubernetes/cmd/kubelet
+	echo "$KUBE_VERSION" >"$BIN/.kubelet.version"
+}
+
 build_etcd() {
 	if [[ "$(stamp etcd)" == "$ETCD_VERSION" && -x "$BIN/etcd" ]]; then
 		echo "testenv: etcd $ETCD_VERSION already built"
@@ -139,6 +159,12 @@ build_metrics_server() {
 	echo "$METRICS_SERVER_VERSION" >"$BIN/.metrics-server.version"
 }
 
+if [[ "${1:-}" == peers ]]; then
+	build_kube_proxy
+	build_kubelet
+	echo "testenv: kube-proxy and kubelet in $BIN"
+	exit 0
+fi
 if [[ "${1:-}" == kube-proxy ]]; then
 	build_kube_proxy
 	echo "testenv: kube-proxy in $BIN"

@@ -77,6 +77,9 @@ const (
 // pbOps are the one-Service changes measured after the cold sync.
 var pbOps = []string{"add", "change", "delete"}
 
+// pbMemFields are the /proc status fields read of kube-proxy.
+var pbMemFields = []string{"VmRSS", "RssAnon", "RssFile"}
+
 // BenchmarkProxyVsKubeProxy measures outpost's service proxy against
 // upstream kube-proxy in nftables mode, on the same Services, on the same
 // machine, in the same run. For each size N (100, 1000 and 10000 Services
@@ -141,6 +144,9 @@ func BenchmarkProxyVsKubeProxy(b *testing.B) {
 				b.ReportMetric(ms(row.kpOps[op]), "kube-proxy-"+op+"-ms")
 				b.ReportMetric(row.opOps[op].total().Seconds()/row.kpOps[op].Seconds(), op+"-ratio")
 			}
+			for _, f := range pbMemFields {
+				b.ReportMetric(float64(row.kpMem[f])/1024, "kube-proxy-"+f+"-MiB")
+			}
 		})
 	}
 	// On stdout: a parent benchmark's log is not printed.
@@ -179,6 +185,9 @@ type pbRow struct {
 	kpCold time.Duration
 	opOps  map[string]pbTimes
 	kpOps  map[string]time.Duration
+	// kpMem is kube-proxy's /proc status (VmRSS, RssAnon, RssFile, in
+	// kB) after its changes, with the N Services programmed.
+	kpMem map[string]int64
 }
 
 func pbTable(rows []pbRow) string {
@@ -615,6 +624,9 @@ func (c *pbCluster) kubeProxyRun(b *testing.B, bin string, n, first int, row *pb
 		row.kpOps[op] = ts[len(ts)/2]
 		b.Logf("kube-proxy: %s one service with %d: %v", op, n, benchRound(ts))
 	}
+	// ip netns exec execs kube-proxy in place: the command's PID is it.
+	row.kpMem = benchProcStatus(b, kp.cmd.Process.Pid, pbMemFields...)
+	b.Logf("kube-proxy with %d services: VmRSS %d kB, RssAnon %d kB", n, row.kpMem["VmRSS"], row.kpMem["RssAnon"])
 	return kp.ns, extras
 }
 

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Turns the benchmark lines scripts/bench-peers.sh collected into the
+side-by-side table: it prints the table, writes docs/benchmarks.md and
+draws the scaling rows as SVG charts with gnuplot."""
+
+import argparse
+import datetime
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+OPS = [("cold", "cold sync"), ("add", "add one Service"),
+       ("change", "change one EndpointSlice"), ("delete", "delete one Service")]
+
+
+def parse(path):
+    """Returns {(benchmark, size): {metric: [values...]}}."""
+    runs = {}
+    with open(path) as f:
+        for line in f:
+            env, _, rest = line.rstrip("\n").partition("|")
+            fields = rest.split()
+            if len(fields) < 2:
+                continue
+            name = re.sub(r"-\d+$", "", fields[0])
+            size = None
+            if "/" in name:
+                name, size = name.split("/", 1)
+            m = re.search(r"OUTPOST_BENCH_RSS_SERVICES=(\d+)", env)
+            if m:
+                size = m.group(1)
+            metrics = runs.setdefault((name, int(size) if size else 0), {})
+            vals = fields[2:]
+            for v, unit in zip(vals[0::2], vals[1::2]):
+                metrics.setdefault(unit, []).append(float(v))
+    return runs
+
+
+class Row:
+    def __init__(self, what, unit, outpost, peer, peer_name):
+        self.what, self.unit, self.outpost, self.peer, self.peer_name = what, unit, outpost, peer, peer_name
+
+    @staticmethod
+    def fig(vals):
+        if not vals:
+            return "—"
+        med = statistics.median(vals)
+        digits = 2 if med < 10 else 1 if med < 100 else 0
+        s = f"{med:.{digits}f}"
+        if len(vals) > 1:
+            s += f" ({min(vals):.{digits}f}–{max(vals):.{digits}f})"
+        return s
+
+    def ratio(self):
+        if not self.outpost or not self.peer or statistics.median(self.peer) == 0:
+            return "—"
+        return f"{statistics.median(self.outpost) / statistics.median(self.peer):.2f}"
+
+    def cells(self):
+        return [self.what, self.unit, self.fig(self.outpost), self.peer_name, self.fig(self.peer), self.ratio()]
+
+
+def rows_from(runs):
+    rows, charts = [], {"cold": {}, "update": {}, "memory": {}}
+    sizes = sorted(n for (b, n) in runs if b == "BenchmarkProxyVsKubeProxy")
+    for n in sizes:
+        m = runs[("BenchmarkProxyVsKubeProxy", n)]
+        for op, what in OPS:
+            o, k = m.get(f"outpost-{op}-ms", []), m.get(f"kube-proxy-{op}-ms", [])
+            rows.append(Row(f"nftables, {n:,} Services × 5 endpoints: {what}", "ms", o, k, "kube-proxy"))
+            chart = charts["cold" if op == "cold" else "update"]
+            if o:
+                chart.setdefault(f"outpost {what}", []).append((n, statistics.median(o)))
+            if k:
+                chart.setdefault(f"kube-proxy {what}", []).append((n, statistics.median(k)))
+    for n in sorted(n for (b, n) in runs if b == "BenchmarkAgentRSS10kServices"):
+        m = runs[("BenchmarkAgentRSS10kServices", n)]
+        kp = runs.get(("BenchmarkProxyVsKubeProxy", n), {})
+        for field, what in [("VmRSS", "RSS"), ("RssAnon", "anonymous")]:
+            o, k = m.get(f"{field}-MiB", []), kp.get(f"kube-proxy-{field}-MiB", [])
+            rows.append(Row(f"memory, {n:,} Services × 5 endpoints: {what}", "MiB", o, k, "kube-proxy"))
+            if field == "VmRSS":
+                if o:
+                    charts["memory"].setdefault("outpost agent RSS", []).append((n, statistics.median(o)))
+                if k:
+                    charts["memory"].setdefault("kube-proxy RSS", []).append((n, statistics.median(k)))
+    return rows, charts
+
+
+def table(rows):
+    head = ["row", "unit", "outpost", "peer", "peer's", "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(r.cells()) + " |")
+    return "\n".join(lines)
+
+
+def draw(path, title, ylabel, series):
+    """Draws series {label: [(x, y)...]} on log-log axes into the SVG path."""
+    if not series:
+        return False
+    with tempfile.TemporaryDirectory() as d:
+        plots = []
+        for i, (label, pts) in enumerate(sorted(series.items())):
+            data = os.path.join(d, f"{i}.dat")
+            with open(data, "w") as f:
+                for x, y in sorted(pts):
+                    f.write(f"{x} {y}\n")
+            plots.append(f"'{data}' using 1:2 with linespoints title '{label}'")
+        script = "\n".join([
+            "set terminal svg size 720,420 dynamic background rgb 'white'",
+            f"set output '{path}'",
+            f"set title '{title}'",
+            "set xlabel 'Services (× 5 endpoints)'",
+            f"set ylabel '{ylabel}'",
+            "set logscale x", "set logscale y", "set key left top", "set grid",
+            "plot " + ", ".join(plots),
+        ])
+        subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--doc", required=True)
+    ap.add_argument("--runs", type=int, required=True)
+    ap.add_argument("--seconds", type=int, required=True)
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--versions", required=True)
+    a = ap.parse_args()
+
+    rows, charts = rows_from(parse(a.input))
+    if not rows:
+        sys.exit("bench-peers: no figures in the benchmarks' output")
+    tab = table(rows)
+    print()
+    print(f"outpost against its peers, median of {a.runs} runs (min–max); ratio = outpost ÷ peer, lower is better for outpost")
+    print(tab)
+    if a.doc == "-":
+        return
+
+    img = os.path.join(os.path.dirname(a.doc) or ".", "img")
+    os.makedirs(img, exist_ok=True)
+    links = []
+    for key, name, title, ylabel in [
+        ("cold", "bench-nft-cold", "nftables cold sync", "ms"),
+        ("update", "bench-nft-update", "nftables: one Service added, changed, deleted", "ms"),
+        ("memory", "bench-memory-services", "memory against the number of Services", "MiB"),
+    ]:
+        if draw(os.path.join(img, name + ".svg"), title, ylabel, charts[key]):
+            links.append(f"![{title}](img/{name}.svg)")
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    kernel = next((v for v in a.versions.splitlines() if v.startswith("kernel ")), "")
+    doc = f"""# Benchmarks: outpost beside its peers
+
+Written by `sudo make bench-peers` ({now:%Y-%m-%d %H:%M} UTC, {a.seconds // 60} min).
+Machine: {a.machine}, {kernel}. Components: {", ".join(v for v in a.versions.splitlines() if not v.startswith("kernel "))}.
+
+Every figure is the median of {a.runs} runs, with the minimum and maximum in brackets; the runs of outpost and of the
+peer alternate (each run measures the peer, then outpost, on the same objects). The ratio is outpost's median over the
+peer's: below 1 outpost is faster or smaller.
+
+{tab}
+
+How each row is measured:
+- **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
+  runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
+  sync, then the partial syncs each change caused), then outpost's `netproxy.BuildCached` and `nft.Table.Sync` on the
+  same objects in another fresh namespace. Each one-Service change is the median of several within a run.
+- **memory with N Services**: `BenchmarkAgentRSS10kServices` runs the whole `outpost agent` (static, stripped, as
+  shipped) against the API server with the N Services, and reads its `/proc` status 30 s after its table holds them all;
+  kube-proxy's is read in the nftables run once it has programmed the same N and made its changes.
+
+{chr(10).join(links)}
+
+Still to come in `make bench-peers` (issue 18): memory, working set and idle CPU with 30 pods against kubelet +
+kube-proxy, the offline reboot of 30 static pods against kubelet and bare runc, and pod startup through the API server
+against kubelet.
+"""
+    with open(a.doc, "w") as f:
+        f.write(doc)
+    print(f"\nbench-peers: wrote {a.doc} and {len(links)} charts under {img}/")
+
+
+if __name__ == "__main__":
+    main()

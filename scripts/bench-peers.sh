@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# make bench-peers (root): outpost against upstream kube-proxy (and, as
+# the rows come, kubelet) v1.37.2 on the same workloads, in one run, with
+# the runs of outpost and of the peer alternating. Prints one table, each
+# row with outpost's median, the peer's, and the ratio (min and max in
+# brackets), and writes the same table, with the date, the machine, the
+# kernel and the components' versions, to docs/benchmarks.md and the
+# scaling rows as SVG charts under docs/img/.
+#
+# Rows measured so far (issue 18 lists the rest):
+#   - nftables at N Services × 5 endpoints: cold sync; add one Service;
+#     change one EndpointSlice; delete one Service (BenchmarkProxyVsKubeProxy:
+#     each run starts kube-proxy, then outpost's Table, on the same objects);
+#   - memory with N Services × 5 endpoints: the whole outpost agent
+#     (BenchmarkAgentRSS10kServices) against kube-proxy with the same
+#     Services programmed.
+#
+# BENCH_PEERS_RUNS=R runs each R times (default 3); BENCH_PEERS_SIZES=N,N,…
+# sets the numbers of Services (default 100,1000,10000; the memory rows
+# take those of 1,000 and more); BENCH_PEERS_DOC=PATH writes the document
+# elsewhere (default docs/benchmarks.md; "-" writes none).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+RUNS=${BENCH_PEERS_RUNS:-3}
+SIZES=${BENCH_PEERS_SIZES:-100,1000,10000}
+DOC=${BENCH_PEERS_DOC:-docs/benchmarks.md}
+TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
+
+if [[ $(id -u) != 0 ]]; then
+	echo "bench-peers: run as root (network namespaces, nftables, a private API server and containerd)" >&2
+	exit 1
+fi
+for tool in nft ip python3; do
+	command -v "$tool" >/dev/null || { echo "bench-peers: $tool not installed" >&2; exit 1; }
+done
+if ! command -v gnuplot >/dev/null; then
+	echo "bench-peers: installing gnuplot-nox for the charts"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gnuplot-nox >/dev/null
+fi
+scripts/testenv/install.sh >/dev/null
+scripts/testenv/build-tools.sh >/dev/null
+scripts/testenv/build-tools.sh peers
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+CGO_ENABLED=0 "$GO" build -tags grpcnotrace -trimpath -ldflags '-s -w' -o "$tmp/outpost" ./cmd/outpost
+"$GO" test -c -o "$tmp/e2e.test" ./test/e2e/
+out=$tmp/bench.txt
+bench() { # NAME [ENV=VALUE…]
+	local name=$1
+	shift
+	echo "bench-peers: $name $*"
+	(cd test/e2e && env BENCH_OUTPOST="$tmp/outpost" "$@" "$tmp/e2e.test" -test.run '^$' \
+		-test.bench "^$name\$" -test.benchtime 1x -test.timeout 60m) >"$tmp/run.txt" 2>&1 || {
+		tail -40 "$tmp/run.txt" >&2
+		echo "bench-peers: $name failed" >&2
+		exit 1
+	}
+	grep -E '^Benchmark' "$tmp/run.txt" | sed "s/^/$*|/" >>"$out"
+}
+start=$(date +%s)
+for r in $(seq 1 "$RUNS"); do
+	echo "bench-peers: run $r of $RUNS"
+	bench BenchmarkProxyVsKubeProxy "OUTPOST_BENCH_PROXY_SIZES=$SIZES"
+	for n in ${SIZES//,/ }; do
+		((n >= 1000)) || continue
+		bench BenchmarkAgentRSS10kServices "OUTPOST_BENCH_RSS_SERVICES=$n"
+	done
+done
+secs=$(($(date +%s) - start))
+
+versions=$(
+	echo "kube-proxy $(cat "$TOOLS/bin/.kube-proxy.version")"
+	echo "outpost $(git describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "nftables $(nft --version | awk '{print $2}')"
+	echo "kernel $(uname -r)"
+)
+python3 scripts/bench-peers-report.py --input "$out" --doc "$DOC" --runs "$RUNS" --seconds "$secs" \
+	--machine "$(nproc) cores $(uname -m), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)" \
+	--versions "$versions"
