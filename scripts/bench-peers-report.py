@@ -131,6 +131,7 @@ def main():
     ap.add_argument("--seconds", type=int, required=True)
     ap.add_argument("--machine", required=True)
     ap.add_argument("--versions", required=True)
+    ap.add_argument("--settings", default="")
     a = ap.parse_args()
 
     rows, charts = rows_from(parse(a.input))
@@ -158,7 +159,7 @@ def main():
     kernel = next((v for v in a.versions.splitlines() if v.startswith("kernel ")), "")
     doc = f"""# Benchmarks: outpost beside its peers
 
-Written by `sudo make bench-peers` ({now:%Y-%m-%d %H:%M} UTC, {a.seconds // 60} min).
+Written by `sudo {a.settings + " " if a.settings else ""}make bench-peers` ({now:%Y-%m-%d %H:%M} UTC, {a.seconds // 60} min).
 Machine: {a.machine}, {kernel}. Components: {", ".join(v for v in a.versions.splitlines() if not v.startswith("kernel "))}.
 
 Every figure is the median of {a.runs} runs, with the minimum and maximum in brackets; the runs of outpost and of the

@@ -78,4 +78,4 @@ versions=$(
 )
 python3 scripts/bench-peers-report.py --input "$out" --doc "$DOC" --runs "$RUNS" --seconds "$secs" \
 	--machine "$(nproc) cores $(uname -m), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)" \
-	--versions "$versions"
+	--versions "$versions" --settings "BENCH_PEERS_RUNS=$RUNS BENCH_PEERS_SIZES=$SIZES"
