@@ -68,35 +68,26 @@ EOT
 	echo "$KUBE_VERSION" >"$BIN/.kube.version"
 }
 
-build_kube_proxy() {
-	if [[ "$(stamp kube-proxy)" == "$KUBE_VERSION" && -x "$BIN/kube-proxy" && -f "$TOOLS/src/kube-$KUBE_VERSION/go.mod" ]]; then
-		echo "testenv: kube-proxy $KUBE_VERSION already built"
+# build_kube_cmd NAME builds k8s.io/kubernetes/cmd/NAME (kube-proxy,
+# kubelet) in the module build_kube sets up, stamped with the release's
+# version: kubelet reports it to the API server, which checks it against
+# the node's.
+build_kube_cmd() {
+	local name=$1 src="$TOOLS/src/kube-$KUBE_VERSION"
+	if [[ "$(stamp "$name")" == "$KUBE_VERSION" && -x "$BIN/$name" && -f "$src/go.mod" ]]; then
+		echo "testenv: $name $KUBE_VERSION already built"
 		return
 	fi
 	build_kube
-	cd "$TOOLS/src/kube-$KUBE_VERSION"
-	echo "testenv: building kube-proxy $KUBE_VERSION"
-	go build -trimpath -ldflags '-s -w' -o "$BIN/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
-	echo "$KUBE_VERSION" >"$BIN/.kube-proxy.version"
-}
-
-build_kubelet() {
-	if [[ "$(stamp kubelet)" == "$KUBE_VERSION" && -x "$BIN/kubelet" && -f "$TOOLS/src/kube-$KUBE_VERSION/go.mod" ]]; then
-		echo "testenv: kubelet $KUBE_VERSION already built"
-		return
-	fi
-	build_kube
-	cd "$TOOLS/src/kube-$KUBE_VERSION"
-	grep -q 'cmd/kubelet"' tools.go || sed -i 's|^\t_ "k8s.io/kubernetes/cmd/kubectl"|&\n\t_ "k8s.io/kubernetes/cmd/kubelet"|' tools.go
-	echo "testenv: building kubelet $KUBE_VERSION"
-	# kubelet reports its version to the API server and checks it against
-	# the node's: stamp the release's.
+	cd "$src"
+	grep -q "cmd/$name\"" tools.go || sed -i "s|^\t_ \"k8s.io/kubernetes/cmd/kubectl\"|&\n\t_ \"k8s.io/kubernetes/cmd/$name\"|" tools.go
+	echo "testenv: building $name $KUBE_VERSION"
 	local v=${KUBE_VERSION#v} ldf="-s -w"
 	ldf+=" -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=${v%%.*}"
 	v=${v#*.}
 	ldf+=" -X k8s.io/component-base/version.gitMinor=${v%%.*} -X k8s.io/component-base/version.gitTreeState=clean"
-	go build -trimpath -ldflags "$ldf" -o "$BIN/kubelet" k8s.io/kubernetes/cmd/kubelet
-	echo "$KUBE_VERSION" >"$BIN/.kubelet.version"
+	go build -trimpath -ldflags "$ldf" -o "$BIN/$name" "k8s.io/kubernetes/cmd/$name"
+	echo "$KUBE_VERSION" >"$BIN/.$name.version"
 }
 
 build_etcd() {
@@ -160,13 +151,13 @@ build_metrics_server() {
 }
 
 if [[ "${1:-}" == peers ]]; then
-	build_kube_proxy
-	build_kubelet
+	build_kube_cmd kube-proxy
+	build_kube_cmd kubelet
 	echo "testenv: kube-proxy and kubelet in $BIN"
 	exit 0
 fi
 if [[ "${1:-}" == kube-proxy ]]; then
-	build_kube_proxy
+	build_kube_cmd kube-proxy
 	echo "testenv: kube-proxy in $BIN"
 	exit 0
 fi
