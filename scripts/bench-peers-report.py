@@ -63,6 +63,12 @@ class Row:
         return [self.what, self.unit, self.fig(self.outpost), self.peer_name, self.fig(self.peer), self.ratio()]
 
 
+def plot(chart, label, vals, n):
+    """Adds the median of vals at n to the chart's series label."""
+    if vals:
+        chart.setdefault(label, []).append((n, statistics.median(vals)))
+
+
 def rows_from(runs):
     rows, charts = [], {"cold": {}, "update": {}, "memory": {}}
     sizes = sorted(n for (b, n) in runs if b == "BenchmarkProxyVsKubeProxy")
@@ -72,10 +78,8 @@ def rows_from(runs):
             o, k = m.get(f"outpost-{op}-ms", []), m.get(f"kube-proxy-{op}-ms", [])
             rows.append(Row(f"nftables, {n:,} Services × 5 endpoints: {what}", "ms", o, k, "kube-proxy"))
             chart = charts["cold" if op == "cold" else "update"]
-            if o:
-                chart.setdefault(f"outpost {what}", []).append((n, statistics.median(o)))
-            if k:
-                chart.setdefault(f"kube-proxy {what}", []).append((n, statistics.median(k)))
+            plot(chart, f"outpost {what}", o, n)
+            plot(chart, f"kube-proxy {what}", k, n)
     for n in sorted(n for (b, n) in runs if b == "BenchmarkAgentRSS10kServices"):
         m = runs[("BenchmarkAgentRSS10kServices", n)]
         kp = runs.get(("BenchmarkProxyVsKubeProxy", n), {})
@@ -83,10 +87,8 @@ def rows_from(runs):
             o, k = m.get(f"{field}-MiB", []), kp.get(f"kube-proxy-{field}-MiB", [])
             rows.append(Row(f"memory, {n:,} Services × 5 endpoints: {what}", "MiB", o, k, "kube-proxy"))
             if field == "VmRSS":
-                if o:
-                    charts["memory"].setdefault("outpost agent RSS", []).append((n, statistics.median(o)))
-                if k:
-                    charts["memory"].setdefault("kube-proxy RSS", []).append((n, statistics.median(k)))
+                plot(charts["memory"], "outpost agent RSS", o, n)
+                plot(charts["memory"], "kube-proxy RSS", k, n)
     return rows, charts
 
 
