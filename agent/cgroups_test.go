@@ -3,6 +3,7 @@ package agent_test
 import (
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,19 @@ func TestPodCgroupsGoWithTheirPods(t *testing.T) {
 
 	web := newPod("web", corev1.RestartPolicyAlways, ctr("app"))
 	uid := string(web.UID)
+	// The volumes' teardown removes the pod's directory, the record an
+	// agent that dies after it would need to find the pod's cgroups: they
+	// must be gone by then.
+	var cgroupsAtTeardown []string
+	var mu sync.Mutex
+	h.teardown = func(podUID string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if exists(podUID, "") {
+			cgroupsAtTeardown = append(cgroupsAtTeardown, podUID)
+		}
+		return os.RemoveAll(filepath.Join(h.dir, "pods", podUID))
+	}
 	h.put(web)
 	h.start()
 	h.synced(0, "app running", func() bool { return h.running(id(web, "app", 0)) })
@@ -78,4 +92,9 @@ func TestPodCgroupsGoWithTheirPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually("the pod's cgroups removed in every hierarchy", func() bool { return !exists(uid, "") })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(cgroupsAtTeardown) > 0 {
+		t.Errorf("pods %v still had cgroups when their volumes (and directory) were torn down", cgroupsAtTeardown)
+	}
 }

@@ -30,7 +30,8 @@ type PodNetwork interface {
 }
 
 // PodCgroups removes the cgroups runc leaves; cmd wires agent/cgroups to
-// it. A cgroup that still has processes is left, with an error.
+// it. A cgroup that still has processes is left, with an error (a
+// removed pod's processes are killed first).
 type PodCgroups interface {
 	// RemovePod removes a pod's cgroup and its containers', in every
 	// hierarchy.

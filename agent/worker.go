@@ -962,6 +962,17 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 			errs = append(errs, err)
 		}
 	}
+	// The cgroups go before the volumes: their teardown removes the pod's
+	// directory, the record by which an agent that died here finds at its
+	// start what is left of the pod.
+	if len(errs) == 0 && w.m.cgroups != nil {
+		// Processes left in its cgroups (one that escaped its
+		// container) are killed; one that outlives that is reported,
+		// and does not keep the pod from being removed.
+		if err := w.m.cgroups.RemovePod(w.uid); err != nil {
+			w.log.Warn("pod cgroups left", "err", err)
+		}
+	}
 	if w.m.net != nil {
 		if err := w.m.net.Teardown(ctx, w.uid); err != nil {
 			errs = append(errs, err)
@@ -970,13 +981,6 @@ func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) error {
 	if w.m.teardownVolumes != nil {
 		if err := w.m.teardownVolumes(w.uid); err != nil {
 			errs = append(errs, err)
-		}
-	}
-	if len(errs) == 0 && w.m.cgroups != nil {
-		// Processes left in a cgroup (one that escaped its container)
-		// are reported, and do not keep the pod from being removed.
-		if err := w.m.cgroups.RemovePod(w.uid); err != nil {
-			w.log.Warn("pod cgroups left", "err", err)
 		}
 	}
 	if len(errs) == 0 {

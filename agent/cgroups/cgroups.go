@@ -14,8 +14,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // DefaultRoot is where the cgroup hierarchies are mounted.
@@ -51,17 +53,20 @@ func (e *BusyError) Error() string {
 }
 
 // RemovePod removes the pod's cgroup and every cgroup below it, in every
-// hierarchy. A cgroup that still has processes is left, with a
-// BusyError; one that is already gone is no error.
+// hierarchy; one that is already gone is no error. It is called once the
+// pod's containers are gone, so a process still in one of its cgroups is
+// killed, as kubelet kills them: one that escaped its container, or one
+// the kernel has not finished reaping. A cgroup still busy after a few
+// tries is left, with a BusyError.
 func (t Tree) RemovePod(podUID string) error {
 	if err := checkName(podUID); err != nil {
 		return err
 	}
-	return t.removeAll(t.PodPath(podUID))
+	return t.removeRetrying(t.PodPath(podUID), true)
 }
 
 // RemoveContainer removes one container attempt's cgroup in every
-// hierarchy, as RemovePod does.
+// hierarchy, as RemovePod does, but kills nothing: the pod lives on.
 func (t Tree) RemoveContainer(podUID, id string) error {
 	if err := checkName(podUID); err != nil {
 		return err
@@ -69,7 +74,57 @@ func (t Tree) RemoveContainer(podUID, id string) error {
 	if err := checkName(id); err != nil {
 		return err
 	}
-	return t.removeAll(path.Join(t.PodPath(podUID), id))
+	return t.removeRetrying(path.Join(t.PodPath(podUID), id), false)
+}
+
+// removeTries and removeDelay bound how long a busy cgroup is retried:
+// rmdir can fail with EBUSY for a moment after the last process has
+// exited (runc retries its own the same way), 10 ms doubling each time,
+// some 300 ms in all.
+const (
+	removeTries = 5
+	removeDelay = 10 * time.Millisecond
+)
+
+// killProcess is how a process left in a pod's cgroup is killed; tests,
+// whose cgroup.procs name no real processes, replace it.
+var killProcess = func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+
+// removeRetrying removes the cgroup at p in every hierarchy, retrying
+// while one is busy; with kill, it first kills the processes in those
+// that are.
+func (t Tree) removeRetrying(p string, kill bool) error {
+	delay := removeDelay
+	for try := 1; ; try++ {
+		err := t.removeAll(p)
+		var busy *BusyError
+		if err == nil || !errors.As(err, &busy) || try == removeTries {
+			return err
+		}
+		if kill {
+			killBusy(err)
+		}
+		time.Sleep(delay)
+		delay *= 2
+	}
+}
+
+// killBusy kills the processes of every BusyError in err's tree.
+func killBusy(err error) {
+	switch e := err.(type) {
+	case *BusyError:
+		for _, s := range e.PIDs {
+			if pid, err := strconv.Atoi(s); err == nil && pid > 1 {
+				killProcess(pid)
+			}
+		}
+	case interface{ Unwrap() []error }:
+		for _, err := range e.Unwrap() {
+			killBusy(err)
+		}
+	case interface{ Unwrap() error }:
+		killBusy(e.Unwrap())
+	}
 }
 
 // RemoveAll removes Parent itself and every cgroup below it, in every

@@ -82,6 +82,7 @@ func TestBusyCgroupIsLeftAndReported(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "outpost/poda/busy/cgroup.procs"), []byte("4242\n4243\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	killed := fakeKill(t, nil)
 	err := Tree{Root: root, Parent: "/outpost"}.RemovePod("a")
 	var busy *BusyError
 	if !errors.As(err, &busy) || busy.Dir != filepath.Join(root, "outpost/poda/busy") || strings.Join(busy.PIDs, " ") != "4242 4243" {
@@ -89,6 +90,61 @@ func TestBusyCgroupIsLeftAndReported(t *testing.T) {
 	}
 	if got := left(t, root); !slices.Equal(got, []string{"outpost", "outpost/poda", "outpost/poda/busy"}) {
 		t.Errorf("left %v, want the busy cgroup and those above it", got)
+	}
+	if want := slices.Repeat([]int{4242, 4243}, removeTries-1); !slices.Equal(*killed, want) {
+		t.Errorf("killed %v, want 4242 and 4243 before each of the %d retries", *killed, removeTries-1)
+	}
+}
+
+// fakeKill replaces killProcess for the test: it records the PIDs and
+// calls then, if not nil, after each.
+func fakeKill(t *testing.T, then func(pid int)) *[]int {
+	var killed []int
+	old := killProcess
+	killProcess = func(pid int) error {
+		killed = append(killed, pid)
+		if then != nil {
+			then(pid)
+		}
+		return nil
+	}
+	t.Cleanup(func() { killProcess = old })
+	return &killed
+}
+
+func TestPodCgroupWithProcessesLeftIsKilledAndRemoved(t *testing.T) {
+	root := t.TempDir()
+	mkdirs(t, root, "memory/outpost/poda/c1", "pids/outpost/poda/c1")
+	procs := filepath.Join(root, "memory/outpost/poda/c1/cgroup.procs")
+	if err := os.WriteFile(procs, []byte("4242\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The killed process leaves its cgroup, as the kernel's would.
+	killed := fakeKill(t, func(int) { os.Remove(procs) })
+	if err := (Tree{Root: root, Parent: "/outpost"}).RemovePod("a"); err != nil {
+		t.Fatalf("RemovePod: %v, want its process killed and its cgroups removed", err)
+	}
+	if !slices.Equal(*killed, []int{4242}) {
+		t.Errorf("killed %v, want [4242]", *killed)
+	}
+	if got := left(t, root); !slices.Equal(got, []string{"memory", "memory/outpost", "pids", "pids/outpost"}) {
+		t.Errorf("left %v, want only the parents", got)
+	}
+}
+
+func TestBusyContainerCgroupIsRetriedNotKilled(t *testing.T) {
+	root := t.TempDir()
+	mkdirs(t, root, "memory/outpost/poda/c1")
+	if err := os.WriteFile(filepath.Join(root, "memory/outpost/poda/c1/cgroup.procs"), []byte("4242\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	killed := fakeKill(t, nil)
+	var busy *BusyError
+	if err := (Tree{Root: root, Parent: "/outpost"}).RemoveContainer("a", "c1"); !errors.As(err, &busy) {
+		t.Fatalf("RemoveContainer of a busy cgroup: %v, want a BusyError", err)
+	}
+	if len(*killed) > 0 {
+		t.Errorf("killed %v of a live pod's container cgroup, want none", *killed)
 	}
 }
 
