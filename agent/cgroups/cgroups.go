@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock"
 )
 
 // DefaultRoot is where the cgroup hierarchies are mounted.
@@ -33,6 +35,8 @@ type Tree struct {
 	Root string
 	// Parent is the agent's cgroup, e.g. /outpost.
 	Parent string
+	// Clock times the retries of a busy cgroup (clock.Real when nil).
+	Clock clock.Clock
 }
 
 // PodPath is the pod's cgroup path, the parent of its containers'.
@@ -104,9 +108,16 @@ func (t Tree) removeRetrying(p string, kill bool) error {
 		if kill {
 			killBusy(err)
 		}
-		time.Sleep(delay)
+		<-t.clock().NewTimer(delay).C()
 		delay *= 2
 	}
+}
+
+func (t Tree) clock() clock.Clock {
+	if t.Clock == nil {
+		return clock.Real{}
+	}
+	return t.Clock
 }
 
 // killBusy kills the processes of every BusyError in err's tree.
