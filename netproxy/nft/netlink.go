@@ -26,9 +26,16 @@ import (
 // commits atomically; rules are translated into the expressions nft(8)
 // itself would generate, so `nft list table inet outpost` reads like the
 // statements' String forms.
+//
+// The socket that sends batches stays open between them (Close closes
+// it): the kernel, when an nftables netlink socket is closed, waits for
+// the objects earlier commits deleted to be freed, an RCU grace period
+// (about 10 ms here), so a socket per batch made every sync that deleted
+// a rule or an element take that long.
 type Netlink struct {
 	netns int
-	mu    sync.Mutex // one batch at a time
+	mu    sync.Mutex // one batch at a time; guards sock
+	sock  *mnl.Conn  // nil until the first batch, and after a failed one
 }
 
 // NewNetlink returns a Netlink for the network namespace netnsFD refers
@@ -485,16 +492,26 @@ const commitTimeout = 30 * time.Second
 // comes, every error came before it. (mdlayher/netlink's SendMessages
 // would also lay the batch out again by appending each message to a
 // growing buffer, which at 70 MB copied it several times over.)
-func (n *Netlink) send(e *batchEncoder) error {
+func (n *Netlink) send(e *batchEncoder) (err error) {
 	last, msgs, ok := e.finish()
 	if !ok {
 		return nil // begin and end only
 	}
-	c, err := mnl.Dial(unix.NETLINK_NETFILTER, &mnl.Config{NetNS: n.netns})
-	if err != nil {
-		return fmt.Errorf("open nftables netlink: %w", err)
+	if n.sock == nil {
+		if n.sock, err = mnl.Dial(unix.NETLINK_NETFILTER, &mnl.Config{NetNS: n.netns}); err != nil {
+			n.sock = nil
+			return fmt.Errorf("open nftables netlink: %w", err)
+		}
 	}
-	defer c.Close()
+	c := n.sock
+	defer func() {
+		// After a failure answers may still be queued: the next batch
+		// gets a socket of its own.
+		if err != nil {
+			c.Close()
+			n.sock = nil
+		}
+	}()
 	if err := setBufferSize(c, max(bufferSize(msgs), len(e.buf)+len(e.buf)/8)); err != nil {
 		return err
 	}
@@ -544,6 +561,19 @@ func (n *Netlink) send(e *batchEncoder) error {
 			}
 		}
 	}
+}
+
+// Close closes the socket kept between batches; a later Apply opens
+// another.
+func (n *Netlink) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sock == nil {
+		return nil
+	}
+	err := n.sock.Close()
+	n.sock = nil
+	return err
 }
 
 // List returns the names of the table's chains, maps and sets, sorted; a

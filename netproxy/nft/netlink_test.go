@@ -650,3 +650,51 @@ func TestEncoderElemsMatchGoogle(t *testing.T) {
 		}
 	}
 }
+
+// The socket that sends batches is kept between them, and a failed batch
+// leaves it for a new one: the batch after a refused one applies, and its
+// answer is not confused with the refused one's.
+func TestE2ENetlinkKeepsItsSocket(t *testing.T) {
+	nl := NewNetlink(nlNetNS(t))
+	t.Cleanup(func() { nl.Close() })
+	tx := &Tx{}
+	tx.AddChain(Chain{Name: "a"})
+	if err := nl.Apply(tx); err != nil {
+		t.Fatal(err)
+	}
+	kept := nl.sock
+	if kept == nil {
+		t.Fatal("no socket kept after a batch")
+	}
+	tx = &Tx{}
+	tx.AddChain(Chain{Name: "b"})
+	if err := nl.Apply(tx); err != nil {
+		t.Fatal(err)
+	}
+	if nl.sock != kept {
+		t.Error("the second batch opened a socket of its own")
+	}
+	bad := &Tx{}
+	bad.DelChain("missing")
+	if err := nl.Apply(bad); err == nil {
+		t.Fatal("deleting a missing chain: no error")
+	}
+	if nl.sock != nil {
+		t.Error("the socket of a refused batch was kept")
+	}
+	tx = &Tx{}
+	tx.AddChain(Chain{Name: "c"})
+	if err := nl.Apply(tx); err != nil {
+		t.Fatalf("the batch after a refused one: %v", err)
+	}
+	got, err := nl.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Chains, []string{"a", "b", "c"}) {
+		t.Errorf("chains %v, want [a b c]", got.Chains)
+	}
+	if err := nl.Close(); err != nil || nl.sock != nil {
+		t.Errorf("Close: %v, socket %v", err, nl.sock)
+	}
+}

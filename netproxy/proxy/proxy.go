@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"runtime/debug"
@@ -215,6 +216,9 @@ func (p *Proxy) record(start time.Time, full bool, ops, nsvc int, err error) {
 func (p *Proxy) Run(ctx context.Context) {
 	changes, cancel := p.deps.Store.Subscribe(store.KindService, store.KindEndpointSlice, store.KindPod, store.KindIPAM)
 	defer cancel()
+	if c, ok := p.deps.Ruleset.(io.Closer); ok {
+		defer c.Close() // the netlink socket kept between syncs
+	}
 	p.settle(ctx, changes)
 	dirty := true
 	retry := p.deps.Clock.NewTimer(retryInterval)
