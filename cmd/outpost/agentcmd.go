@@ -28,6 +28,7 @@ import (
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/internal/memtrim"
 	"github.com/outpost-edge/outpost/internal/sdnotify"
 	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
@@ -45,6 +46,11 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 
 // agentGCPercent is the agent's GOGC unless the environment sets one.
 const agentGCPercent = 50
+
+// trimQuiet is how long the desired pods go unchanged (after the agent's
+// start, or their last change) before the agent gives back the memory
+// the busy time touched (internal/memtrim).
+const trimQuiet = 10 * time.Second
 
 func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	fs, path := newFlags("agent")
@@ -232,6 +238,14 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		go func() { images.watch(watchCtx, clk, imagePollInterval); close(watchDone) }()
 		defer func() { stopWatch(); <-watchDone }()
 	}
+	// What starting the agent and its pods touched and idling does not
+	// use goes back to the kernel once the pods have been quiet a while.
+	podChanges, unsubscribe := st.Subscribe(store.KindPod)
+	defer unsubscribe()
+	trimCtx, stopTrim := context.WithCancel(ctx)
+	trimDone := make(chan struct{})
+	go func() { memtrim.Run(trimCtx, podChanges, clk, trimQuiet, log); close(trimDone) }()
+	defer func() { stopTrim(); <-trimDone }()
 	nctx, stopNotify := context.WithCancel(ctx)
 	notifyDone := make(chan struct{})
 	go func() { notifyServiceManager(nctx, a, clk, log); close(notifyDone) }()

@@ -1,0 +1,50 @@
+// Package memtrim gives back to the kernel what the agent touched while it
+// was busy (starting, starting pods) and does not use when idle: the Go
+// heap's free pages, and the pages of its executable it mapped then. Those
+// are clean pages of the file: unmapped, they stay in the page cache
+// until the kernel wants the memory, and a page used again is mapped again
+// from there (a minor fault), so the agent's RSS comes down to what it
+// uses, and the rest is the kernel's to reclaim without touching the
+// agent's page tables.
+package memtrim
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock"
+)
+
+// Run trims once changes (a store subscription, say to pods) has been
+// quiet for quiet after its first value, and again after each later burst
+// of changes has quieted; it returns when ctx ends.
+func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet time.Duration, log *slog.Logger) {
+	timer := clk.NewTimer(quiet)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+			timer.Reset(quiet)
+		case <-timer.C():
+			n, err := Trim()
+			if err != nil {
+				log.Debug("trim memory", "err", err)
+			} else {
+				log.Debug("trimmed memory", "unmapped", n)
+			}
+		}
+	}
+}
+
+// Trim unmaps the executable's read-only pages and returns the heap's
+// free pages to the kernel; it returns how many bytes of mappings it
+// advised away (mapped or not).
+func Trim() (int64, error) {
+	n, err := unmapExecutable()
+	debug.FreeOSMemory()
+	return n, err
+}

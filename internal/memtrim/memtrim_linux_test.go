@@ -1,0 +1,115 @@
+package memtrim
+
+import (
+	"bufio"
+	"context"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+)
+
+// rssFile returns this process's file-backed resident memory, in kB.
+func rssFile(t *testing.T) int64 {
+	t.Helper()
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "RssFile:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no RssFile in /proc/self/status")
+	return 0
+}
+
+// Trim unmaps the executable's pages (the test binary's here), and the
+// program runs on, its code and data read back from the file.
+func TestTrimUnmapsTheExecutableAndRunsOn(t *testing.T) {
+	before := rssFile(t)
+	n, err := Trim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := rssFile(t)
+	t.Logf("advised %d KiB away; RssFile %d → %d kB", n>>10, before, after)
+	if n == 0 {
+		t.Fatal("nothing of the executable advised away")
+	}
+	if after >= before {
+		t.Errorf("RssFile %d kB after Trim, was %d kB", after, before)
+	}
+	// Code and read-only data come back as they were.
+	if got := strconv.Quote("still here"); got != `"still here"` {
+		t.Errorf("after Trim: %s", got)
+	}
+}
+
+// Run trims after the quiet time from its start, and after a change
+// once it has quieted again; not while changes keep coming.
+func TestRunTrimsWhenQuiet(t *testing.T) {
+	clk := clocktest.New(time.Unix(0, 0))
+	changes := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	out := &syncWriter{b: &strings.Builder{}}
+	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	go func() { Run(ctx, changes, clk, 10*time.Second, log); close(done) }()
+	trims := func() int { return strings.Count(out.String(), "trimmed memory") }
+	waitFor(t, func() bool { return clk.Waiters() == 1 })
+	clk.Advance(9 * time.Second)
+	// A change before the first trim moves it; the second send returns
+	// once Run is back waiting, its timer reset.
+	changes <- struct{}{}
+	changes <- struct{}{}
+	clk.Advance(9 * time.Second)
+	if trims() != 0 {
+		t.Fatalf("trimmed %d times while changes came", trims())
+	}
+	clk.Advance(time.Second)
+	waitFor(t, func() bool { return trims() == 1 })
+	cancel()
+	<-done
+}
+
+// syncWriter is a strings.Builder the test reads while Run logs.
+type syncWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// waitFor waits up to 5 s for cond.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

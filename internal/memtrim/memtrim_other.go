@@ -1,0 +1,5 @@
+//go:build !linux
+
+package memtrim
+
+func unmapExecutable() (int64, error) { return 0, nil }
