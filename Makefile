@@ -73,10 +73,11 @@ bench:
 	$(GO) test -run '^$$' -bench BenchmarkKubeletAPI -benchtime 1x -timeout 20m ./test/e2e/
 	$(GO) test -run '^$$' -bench BenchmarkMQTT -benchtime 1x -timeout 60m ./test/e2e/
 
-# bench-peers: outpost beside upstream kube-proxy (and kubelet, built with
-# it) v1.37.2 in one run, the runs alternating; prints one table with the
-# ratios and writes it to docs/benchmarks.md with charts in docs/img/
-# (root; see docs/benchmarks.md).
+# bench-peers: outpost beside upstream kubelet and kube-proxy v1.37.2 (30
+# pods through an API server, an offline reboot, the service proxy) and
+# bare runc (the reboot's floor) in one run, the runs alternating; prints
+# one table with the ratios and writes it to docs/benchmarks.md with
+# charts in docs/img/ (root; see docs/testing.md).
 bench-peers:
 	@GO='$(GO)' scripts/bench-peers.sh
 

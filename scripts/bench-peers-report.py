@@ -32,6 +32,9 @@ def parse(path):
             m = re.search(r"OUTPOST_BENCH_RSS_SERVICES=(\d+)", env)
             if m:
                 size = m.group(1)
+            m = re.search(r"BENCH_PEER=(\w+)", env)
+            if m:
+                name += ":" + m.group(1)
             metrics = runs.setdefault((name, int(size) if size else 0), {})
             vals = fields[2:]
             for v, unit in zip(vals[0::2], vals[1::2]):
@@ -63,6 +66,22 @@ class Row:
         return [self.what, self.unit, self.fig(self.outpost), self.peer_name, self.fig(self.peer), self.ratio()]
 
 
+PODS = [
+    ("agent-rss-MiB", "30 pods: agent RSS", "MiB", "kubelet + kube-proxy"),
+    ("agent-anon-MiB", "30 pods: agent anonymous", "MiB", "kubelet + kube-proxy"),
+    ("agent-ws-MiB", "30 pods: agent working set", "MiB", "kubelet + kube-proxy"),
+    ("runtime-pss-MiB", "30 pods: containerd + shims PSS", "MiB", "its containerd + shims"),
+    ("runtime-pss-anon-MiB", "30 pods: containerd + shims anonymous PSS", "MiB", "its containerd + shims"),
+    ("runtime-ws-MiB", "30 pods: containerd + shims working set", "MiB", "its containerd + shims"),
+    ("startup-p50-ms", "pod startup, 30 at once: p50", "ms", "kubelet"),
+    ("startup-p99-ms", "pod startup, 30 at once: p99", "ms", "kubelet"),
+    ("paced-p50-ms", "pod startup, 30 at 5 a second: p50", "ms", "kubelet"),
+    ("paced-p99-ms", "pod startup, 30 at 5 a second: p99", "ms", "kubelet"),
+    ("agent-cpu-%", "idle CPU with 30 pods: agent", "% of a core", "kubelet + kube-proxy"),
+    ("runtime-cpu-%", "idle CPU with 30 pods: containerd + shims", "% of a core", "its containerd + shims"),
+]
+
+
 def plot(chart, label, vals, n):
     """Adds the median of vals at n to the chart's series label."""
     if vals:
@@ -71,6 +90,14 @@ def plot(chart, label, vals, n):
 
 def rows_from(runs):
     rows, charts = [], {"cold": {}, "update": {}, "memory": {}}
+    op, kl = runs.get(("BenchmarkPeersPods:outpost", 0), {}), runs.get(("BenchmarkPeersPods:kubelet", 0), {})
+    if op or kl:
+        for metric, what, unit, peer in PODS:
+            rows.append(Row(what, unit, op.get(metric, []), kl.get(metric, []), peer))
+    rb = {peer: runs.get((f"BenchmarkPeersReboot:{peer}", 0), {}).get("reboot-ms", []) for peer in ("outpost", "kubelet", "runc")}
+    if any(rb.values()):
+        rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["kubelet"], "kubelet"))
+        rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["runc"], "bare runc (floor)"))
     sizes = sorted(n for (b, n) in runs if b == "BenchmarkProxyVsKubeProxy")
     for n in sizes:
         m = runs[("BenchmarkProxyVsKubeProxy", n)]
@@ -165,12 +192,26 @@ Written by `sudo {a.settings + " " if a.settings else ""}make bench-peers` ({now
 Machine: {a.machine}, {kernel}. Components: {", ".join(v for v in a.versions.splitlines() if not v.startswith("kernel "))}.
 
 Every figure is the median of {a.runs} runs, with the minimum and maximum in brackets; the runs of outpost and of the
-peer alternate (each run measures the peer, then outpost, on the same objects). The ratio is outpost's median over the
+peer alternate (each nftables run measures kube-proxy, then outpost, on the same objects). The ratio is outpost's median over the
 peer's: below 1 outpost is faster or smaller.
 
 {tab}
 
 How each row is measured:
+- **30 pods**: `BenchmarkPeersPods` (test/e2e) runs one node against a real API server: the `outpost agent` on a
+  private containerd, or upstream kubelet on a private containerd with its CRI plugin and a CNI bridge, with
+  kube-proxy (nftables mode) beside it. 30 pods (busybox httpd, httpGet readiness every 10 s) are created at once,
+  bound to the node; startup is from each create's answer to a watch seeing the pod Running. With all ready and 20 s
+  later, it reads RSS and anonymous memory of the node agent's processes, and PSS of containerd and its shims (they
+  share pages, which summed RSS would count once per shim), then the working set (`Referenced` in smaps_rollup 60 s
+  after writing 1 to `clear_refs`), then CPU over the idle window. Last it deletes the 30 and creates 30 others at 5 a
+  second, timed the same way.
+- **offline reboot**: `BenchmarkPeersReboot` runs 30 static pods (the same httpd, each touching a file in a hostPath
+  directory before it starts) on a node with no API server, then kills the agent, containerd, the shims and the
+  containers at once and wipes containerd's state, runc's state and the network namespaces, as a reboot empties
+  `/run`. containerd starts again, and the figure is from the node agent's start to the 30 files there again: outpost,
+  or kubelet standalone with the same pods as static manifests. The floor is bare `runc create` + `runc start` of the
+  same 30 containers, all at once, from bundles made beforehand (after one pass to warm the caches).
 - **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
   runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
   sync, then the partial syncs each change caused), then outpost's `netproxy.BuildCached` and `nft.Table.Sync` on the
@@ -181,9 +222,6 @@ How each row is measured:
 
 {chr(10).join(links)}
 
-Still to come in `make bench-peers` (issue 18): memory, working set and idle CPU with 30 pods against kubelet +
-kube-proxy, the offline reboot of 30 static pods against kubelet and bare runc, and pod startup through the API server
-against kubelet.
 """
     with open(a.doc, "w") as f:
         f.write(doc)

@@ -8,6 +8,14 @@
 # scaling rows as SVG charts under docs/img/.
 #
 # Rows measured so far (issue 18 lists the rest):
+#   - 30 pods through a real API server on outpost, then on kubelet with
+#     kube-proxy beside it (BenchmarkPeersPods): startup p50 and p99 of 30
+#     created at once; RSS, anonymous memory and working set of the agents
+#     and of containerd with its shims; idle CPU over BENCH_PEERS_IDLE (5m);
+#     then 30 others created at 5 a second: startup p50 and p99;
+#   - offline reboot of 30 static pods (BenchmarkPeersReboot): outpost, then
+#     kubelet standalone with the same pods as static manifests, against the
+#     floor, bare runc create + start of the same containers;
 #   - nftables at N Services × 5 endpoints: cold sync; add one Service;
 #     change one EndpointSlice; delete one Service (BenchmarkProxyVsKubeProxy:
 #     each run starts kube-proxy, then outpost's Table, on the same objects);
@@ -62,6 +70,11 @@ bench() { # NAME [ENV=VALUE…]
 start=$(date +%s)
 for r in $(seq 1 "$RUNS"); do
 	echo "bench-peers: run $r of $RUNS"
+	bench BenchmarkPeersPods BENCH_PEER=outpost "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
+	bench BenchmarkPeersPods BENCH_PEER=kubelet "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
+	for peer in runc outpost kubelet; do
+		bench BenchmarkPeersReboot BENCH_PEER=$peer
+	done
 	bench BenchmarkProxyVsKubeProxy "OUTPOST_BENCH_PROXY_SIZES=$SIZES"
 	for n in ${SIZES//,/ }; do
 		((n >= 1000)) || continue
@@ -72,10 +85,13 @@ secs=$(($(date +%s) - start))
 
 versions=$(
 	echo "kube-proxy $(cat "$TOOLS/bin/.kube-proxy.version")"
+	echo "kubelet $(cat "$TOOLS/bin/.kubelet.version")"
+	echo "containerd $(containerd --version | awk '{print $3}')"
+	echo "runc $(runc --version | awk 'NR == 1 {print $3}')"
 	echo "outpost $(git describe --always --dirty 2>/dev/null || echo unknown)"
 	echo "nftables $(nft --version | awk '{print $2}')"
 	echo "kernel $(uname -r)"
 )
 python3 scripts/bench-peers-report.py --input "$out" --doc "$DOC" --runs "$RUNS" --seconds "$secs" \
 	--machine "$(nproc) cores $(uname -m), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)" \
-	--versions "$versions" --settings "BENCH_PEERS_RUNS=$RUNS BENCH_PEERS_SIZES=$SIZES"
+	--versions "$versions" --settings "BENCH_PEERS_RUNS=$RUNS BENCH_PEERS_SIZES=$SIZES BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"

@@ -318,85 +318,85 @@ func benchBin() string { return cmp.Or(os.Getenv("BENCH_OUTPOST"), outpostBin) }
 // for a test, with testing.TB.
 type benchNode struct {
 	name, dir, cfg, netns string
-	agent                 *exec.Cmd
-	done                  chan struct{}
+	// podNetns prefixes the names of the node's pod network namespaces.
+	podNetns string
+	ctrd     *env.Containerd
+	agent    *exec.Cmd
+	done     chan struct{}
 }
 
 // startBenchNode starts a private containerd with the test image, a
 // network namespace, and the agent in it connected to api with the node
-// identity through a forwarder; all are stopped in b's cleanup.
+// identity through a forwarder (with api nil, an agent with no API
+// server, on its manifests alone); all are stopped in b's cleanup.
 func startBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
+	b.Helper()
+	n := newBenchNode(b, name, api)
+	n.startAgent(b)
+	return n
+}
+
+// newBenchNode sets up what startBenchNode does but the agent, which
+// startAgent starts.
+func newBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 	b.Helper()
 	ctrd := env.StartContainerd(b)
 	ns := fmt.Sprintf("outpost-bench-%d", time.Now().UnixNano()%1e9)
 	ctrd.ImportTestImage(b, ns)
 	dir := b.TempDir()
-	n := &benchNode{name: name, dir: dir, cfg: filepath.Join(dir, "config.yaml"), netns: ns}
-	prefix := fmt.Sprintf("ob%d-", time.Now().UnixNano()%1e9) // this node's pod namespaces
+	n := &benchNode{name: name, dir: dir, cfg: filepath.Join(dir, "config.yaml"), netns: ns, ctrd: ctrd,
+		podNetns: fmt.Sprintf("ob%d-", time.Now().UnixNano()%1e9)}
 	for _, d := range []string{"manifests", "images"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			b.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{{"ip", "netns", "add", n.netns}, {"ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up"}} {
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	n.addNetns(b)
 	b.Cleanup(func() {
 		n.kill()
-		for e := range netnsEntries() {
-			if strings.HasPrefix(e, prefix) {
-				p := filepath.Join("/run/netns", e)
-				syscall.Unmount(p, syscall.MNT_DETACH)
-				os.Remove(p)
-			}
-		}
+		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
+	kubeconfig := ""
+	if api != nil {
+		kubeconfig = "kubeconfig: " + api.NodeKubeconfig(b, name)
+	}
 	cfg := fmt.Sprintf(`nodeName: %s
 stateDir: %s
 manifestDir: %s
 imageDir: %s
 logDir: %s
 runDir: %s
-kubeconfig: %s
+%s
 containerd:
   address: %s
   namespace: %s
   cgroupParent: %s
+  shimGroups: %s
 network:
   netnsPrefix: %s
 log:
   level: %s
 `, name, filepath.Join(dir, "state"), filepath.Join(dir, "manifests"), filepath.Join(dir, "images"),
-		filepath.Join(dir, "logs"), filepath.Join(dir, "run"), api.NodeKubeconfig(b, name), ctrd.Address, ns, ctrd.CgroupParent, prefix, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
+		filepath.Join(dir, "logs"), filepath.Join(dir, "run"), kubeconfig, ctrd.Address, ns, ctrd.CgroupParent, cmp.Or(os.Getenv("BENCH_SHIM_GROUPS"), "4"), n.podNetns, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	u, err := url.Parse(api.URL)
-	if err != nil {
-		b.Fatal(err)
+	if api != nil {
+		u, err := url.Parse(api.URL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchForward(b, "/run/netns/"+n.netns, u.Host)
 	}
-	benchForward(b, "/run/netns/"+n.netns, u.Host)
-
 	logPath := filepath.Join(dir, "agent.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, benchBin(), "agent", "--config", n.cfg)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	n.agent, n.done = cmd, make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(n.done) }()
 	b.Cleanup(func() {
 		data, _ := os.ReadFile(logPath)
 		if keep := os.Getenv("BENCH_KEEP_LOG"); keep != "" {
-			audit, _ := os.ReadFile(filepath.Join(api.Dir, "audit.log"))
+			var audit []byte
+			if api != nil {
+				audit, _ = os.ReadFile(filepath.Join(api.Dir, "audit.log"))
+			}
 			if err := errors.Join(os.WriteFile(keep, data, 0o644), os.WriteFile(keep+".audit", audit, 0o644)); err != nil {
 				b.Errorf("keep the logs: %v", err)
 			}
@@ -407,6 +407,47 @@ log:
 		}
 	})
 	return n
+}
+
+// addNetns makes the node's network namespace, with lo up.
+func (n *benchNode) addNetns(b *testing.B) {
+	b.Helper()
+	for _, args := range [][]string{{"ip", "netns", "add", n.netns}, {"ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up"}} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// removePodNetns removes the pins of the node's pod network namespaces.
+func (n *benchNode) removePodNetns() {
+	for e := range netnsEntries() {
+		if strings.HasPrefix(e, n.podNetns) {
+			p := filepath.Join("/run/netns", e)
+			syscall.Unmount(p, syscall.MNT_DETACH)
+			os.Remove(p)
+		}
+	}
+}
+
+// startAgent starts the agent in the node's network namespace, its log
+// appended to the node's agent.log.
+func (n *benchNode) startAgent(b *testing.B) {
+	b.Helper()
+	logf, err := os.OpenFile(filepath.Join(n.dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, benchBin(), "agent", "--config", n.cfg)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	n.agent, n.done = cmd, done
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
 }
 
 // benchForward makes addr, on the host's loopback, reachable at the same

@@ -436,6 +436,7 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 	ns := newPBNetns(b, "obench-op")
 	defer ns.close()
 	nl := nft.NewNetlink(ns.fd)
+	defer nl.Close()
 	tb := nft.NewTable(nl)
 	podCIDR := netip.MustParsePrefix(pbPodCIDR)
 	base := netproxy.Inputs{Node: pbNode}

@@ -28,7 +28,20 @@ type Containerd struct {
 	CgroupParent string
 
 	dir, cfgPath, bin string
+	netns             string
 	proc              *process
+}
+
+// CRIOptions turn on containerd's CRI plugin, for kubelet, in a
+// containerd started by StartContainerdCRI.
+type CRIOptions struct {
+	// Netns is the network namespace (a path under /run/netns) the daemon
+	// runs in: its CNI plugins make the pod network there.
+	Netns string
+	// CNIConfDir holds the CNI network configuration.
+	CNIConfDir string
+	// SandboxImage is the pod sandbox ("pause") image, imported already.
+	SandboxImage string
 }
 
 // StartContainerd starts a containerd with its own socket, root and state
@@ -36,6 +49,20 @@ type Containerd struct {
 // and container it holds, killing leftover shims and unmounting what it
 // mounted.
 func StartContainerd(t testing.TB) *Containerd {
+	t.Helper()
+	return startContainerd(t, nil)
+}
+
+// StartContainerdCRI starts a containerd as StartContainerd does, with its
+// CRI plugin serving kubelet on the same socket, in the network namespace
+// opts names. Images are imported with ImportTestImage and ImportImage
+// into CRI's namespace, k8s.io.
+func StartContainerdCRI(t testing.TB, opts CRIOptions) *Containerd {
+	t.Helper()
+	return startContainerd(t, &opts)
+}
+
+func startContainerd(t testing.TB, cri *CRIOptions) *Containerd {
 	t.Helper()
 	RequireRoot(t)
 	bin := lookTool(t, "containerd")
@@ -51,10 +78,28 @@ func StartContainerd(t testing.TB) *Containerd {
 		CgroupParent: "/" + filepath.Base(dir),
 		dir:          dir, bin: bin,
 	}
+	plugins := `disabled_plugins = ["io.containerd.grpc.v1.cri"]`
+	if cri != nil {
+		c.netns = cri.Netns
+		plugins = fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  stream_server_address = "127.0.0.1"
+  # kubelet asks for -998 for sandboxes; where lowering a score is
+  # refused (this VM), runc create fails without this cap at containerd's.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %q`, cri.SandboxImage, cri.CNIConfDir)
+	}
 	cfg := fmt.Sprintf(`version = 2
 root = %q
 state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+%s
 
 [grpc]
   address = %q
@@ -67,7 +112,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
 [metrics]
   address = ""
-`, c.Root, c.State, c.Address, c.Address+".ttrpc")
+`, c.Root, c.State, plugins, c.Address, c.Address+".ttrpc")
 	cfgPath := filepath.Join(dir, "config.toml")
 	c.cfgPath = cfgPath
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
@@ -101,7 +146,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 // start runs the daemon and waits until it answers.
 func (c *Containerd) start(t testing.TB) *containerd.Client {
 	t.Helper()
-	p := start(t, c.dir, "containerd", c.bin, "--config", c.cfgPath, "--log-level", "warn")
+	args := []string{c.bin, "--config", c.cfgPath, "--log-level", "warn"}
+	if c.netns != "" {
+		args = append([]string{"nsenter", "--net=" + c.netns}, args...)
+	}
+	p := start(t, c.dir, "containerd", args...)
 	c.proc = p
 	var client *containerd.Client
 	waitFor(t, p, 30*time.Second, func() error {
@@ -129,6 +178,13 @@ func (c *Containerd) start(t testing.TB) *containerd.Client {
 // records stays, as on disk. Then containerd starts again.
 func (c *Containerd) PowerCut(t testing.TB) {
 	t.Helper()
+	c.PowerCutThen(t, nil)
+}
+
+// PowerCutThen is PowerCut with reboot, when not nil, called before
+// containerd starts again: to wipe what else a reboot wipes.
+func (c *Containerd) PowerCutThen(t testing.TB, reboot func()) {
+	t.Helper()
 	syscall.Kill(-c.proc.cmd.Process.Pid, syscall.SIGKILL)
 	<-c.proc.done
 	killContainers(c.Address, c.CgroupParent)
@@ -138,6 +194,9 @@ func (c *Containerd) PowerCut(t testing.TB) {
 	if err := os.RemoveAll(c.State); err != nil {
 		t.Fatalf("power cut: %v", err)
 	}
+	if reboot != nil {
+		reboot()
+	}
 	cl := c.start(t)
 	t.Cleanup(func() {
 		defer cl.Close()
@@ -146,6 +205,9 @@ func (c *Containerd) PowerCut(t testing.TB) {
 		removeAll(ctx, cl)
 	})
 }
+
+// PID returns the daemon's process ID.
+func (c *Containerd) PID() int { return c.proc.cmd.Process.Pid }
 
 // Client returns a client of the daemon in namespace ns, closed in t's
 // cleanup.
@@ -192,7 +254,27 @@ func removeAll(ctx context.Context, cl *containerd.Client) error {
 // and imports it into ns, unpacked for the overlayfs snapshotter.
 func (c *Containerd) ImportTestImage(t testing.TB, ns string) containerd.Image {
 	t.Helper()
-	path := TestImageTarball(t)
+	return c.importImage(t, ns, TestImage, TestImageTarball(t))
+}
+
+// ImportImage imports into ns the test image named name (a full reference
+// with a tag) whose command is cmd: with sleep, say, a pod sandbox image.
+func (c *Containerd) ImportImage(t testing.TB, ns, name string, cmd ...string) containerd.Image {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "image.tar")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := writeImage(f, busyboxBinaries(t), name, cmd); err != nil {
+		t.Fatal(err)
+	}
+	return c.importImage(t, ns, name, path)
+}
+
+func (c *Containerd) importImage(t testing.TB, ns, name, path string) containerd.Image {
+	t.Helper()
 	cl := c.Client(t, ns)
 	f, err := os.Open(path)
 	if err != nil {
@@ -204,8 +286,8 @@ func (c *Containerd) ImportTestImage(t testing.TB, ns string) containerd.Image {
 	if err != nil {
 		t.Fatalf("import test image: %v", err)
 	}
-	if len(imgs) != 1 || imgs[0].Name != TestImage {
-		t.Fatalf("imported %+v, want one image %s", imgs, TestImage)
+	if len(imgs) != 1 || imgs[0].Name != name {
+		t.Fatalf("imported %+v, want one image %s", imgs, name)
 	}
 	img := containerd.NewImage(cl, imgs[0])
 	if err := img.Unpack(ctx, "overlayfs"); err != nil {

@@ -7,12 +7,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -71,7 +74,12 @@ func WriteTestImage(w io.Writer, busybox map[string]string) error {
 // name (a full reference with a tag, such as outpost.test/other:1) instead
 // of TestImage.
 func WriteTestImageAs(w io.Writer, busybox map[string]string, name string) error {
-	l, err := buildTestImage(busybox)
+	return writeImage(w, busybox, name, []string{"sh"})
+}
+
+// writeImage writes the test image named name whose command is cmd.
+func writeImage(w io.Writer, busybox map[string]string, name string, cmd []string) error {
+	l, err := buildTestImage(busybox, cmd)
 	if err != nil {
 		return err
 	}
@@ -114,7 +122,7 @@ func WriteTestImageAs(w io.Writer, busybox map[string]string, name string) error
 
 // buildTestImage makes the blobs of the test image: per architecture a
 // layer, a config and a manifest, and an index over the manifests.
-func buildTestImage(busybox map[string]string) (*layout, error) {
+func buildTestImage(busybox map[string]string, cmd []string) (*layout, error) {
 	l := &layout{blobs: map[string][]byte{}}
 	arches := make([]string, 0, len(busybox))
 	for a := range busybox {
@@ -140,7 +148,7 @@ func buildTestImage(busybox map[string]string) (*layout, error) {
 		layer := l.add("application/vnd.oci.image.layer.v1.tar+gzip", gz.Bytes())
 		cfg, _ := json.Marshal(map[string]any{
 			"architecture": arch, "os": "linux", "created": epoch.Format(time.RFC3339),
-			"config": map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": []string{"sh"}, "WorkingDir": "/"},
+			"config": map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": cmd, "WorkingDir": "/"},
 			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
 		})
 		config := l.add("application/vnd.oci.image.config.v1+json", cfg)
@@ -187,4 +195,56 @@ func rootfs(busybox []byte) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// WriteTestRootfs unpacks the test image's root filesystem for this
+// machine into dir: what a bare runc bundle runs.
+func WriteTestRootfs(t testing.TB, dir string) {
+	t.Helper()
+	bin, ok := busyboxBinaries(t)[runtime.GOARCH]
+	if !ok {
+		t.Fatalf("no busybox for %s", runtime.GOARCH)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := rootfs(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(bytes.NewReader(layer))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, h.Name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, os.FileMode(h.Mode)&os.ModePerm|modeSticky(h.Mode))
+		case tar.TypeSymlink:
+			err = os.Symlink(h.Linkname, p)
+		case tar.TypeReg:
+			var f *os.File
+			if f, err = os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)); err == nil {
+				_, err = io.Copy(f, tr)
+				err = errors.Join(err, f.Close())
+			}
+		}
+		if err != nil {
+			t.Fatalf("unpack the test rootfs: %v", err)
+		}
+	}
+}
+
+// modeSticky is the sticky bit of a tar mode, as an os.FileMode.
+func modeSticky(mode int64) os.FileMode {
+	if mode&0o1000 != 0 {
+		return os.ModeSticky
+	}
+	return 0
 }

@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/outpost-edge/outpost/test/e2e/env"
+)
+
+// BenchmarkPeersReboot is issue 18's offline reboot row: 30 static pods
+// (busybox httpd, an httpGet readiness probe every 10 s) on a node with
+// no API server, brought back after a power cut: the agent, containerd,
+// the shims and the containers killed at once, containerd's state and
+// the runc state wiped and the network namespaces lost, as a reboot
+// loses /run. Then containerd starts, and the figure is the time from
+// the node agent's start to the 30 containers started again. Each pod's
+// command touches a file in a hostPath directory before it execs httpd,
+// and the benchmark counts the files.
+//
+// BENCH_PEER picks the node: outpost (the default); kubelet, upstream
+// kubelet standalone with the same 30 pods as static manifests, on a
+// private containerd with its CRI plugin and a CNI bridge; or runc, the
+// floor: the same 30 containers from bundles made beforehand, run with
+// bare `runc create` and `runc start`, all at once, timed from the first
+// create. One iteration is the whole run: -benchtime 1x.
+func BenchmarkPeersReboot(b *testing.B) {
+	env.RequireRoot(b)
+	peer := cmp.Or(os.Getenv("BENCH_PEER"), "outpost")
+	b.StopTimer()
+	started := filepath.Join(b.TempDir(), "started")
+	if err := os.Mkdir(started, 0o777); err != nil {
+		b.Fatal(err)
+	}
+	var took time.Duration
+	switch peer {
+	case "outpost":
+		took = rebootOutpost(b, started)
+	case "kubelet":
+		took = rebootKubelet(b, started)
+	case "runc":
+		took = rebootFloor(b, started)
+	default:
+		b.Fatalf("BENCH_PEER=%q: want outpost, kubelet or runc", peer)
+	}
+	b.ReportMetric(float64(took.Milliseconds()), "reboot-ms")
+}
+
+// rebootPod is static pod i's manifest: it marks its start in /started.
+func rebootPod(i int) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: boot-%02d, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 2
+  enableServiceLinks: false
+  containers:
+  - name: web
+    image: %s
+    imagePullPolicy: Never
+    command: [sh, -c, %q]
+    readinessProbe:
+      httpGet: {path: /, port: 8080}
+      periodSeconds: 10
+    volumeMounts: [{name: started, mountPath: /started}]
+  volumes:
+  - name: started
+    hostPath: {path: %%s, type: Directory}
+`, i, env.TestImage, rebootScript(i))
+}
+
+// rebootScript is the command of container i.
+func rebootScript(i int) string {
+	return fmt.Sprintf("touch /started/boot-%02d && exec httpd -f -p 8080 -h /var/www", i)
+}
+
+// writeRebootPods writes the 30 manifests into dir.
+func writeRebootPods(b *testing.B, dir, started string) {
+	b.Helper()
+	for i := range peersPods {
+		m := fmt.Sprintf(rebootPod(i), started)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("boot-%02d.yaml", i)), []byte(m), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// waitStarted waits until the 30 containers have marked their start in
+// dir, polling every 10 ms.
+func waitStarted(b *testing.B, dir string, timeout time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(ents) >= peersPods {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d containers started within %v", len(ents), peersPods, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// clearStarted empties the directory of start marks.
+func clearStarted(b *testing.B, dir string) {
+	b.Helper()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// rebootOutpost runs the 30 pods on an outpost agent with no API server,
+// cuts the power and returns how long the agent, started again, takes to
+// start them.
+func rebootOutpost(b *testing.B, started string) time.Duration {
+	b.Helper()
+	n := newBenchNode(b, "bench-reboot", nil)
+	writeRebootPods(b, filepath.Join(n.dir, "manifests"), started)
+	n.startAgent(b)
+	waitStarted(b, started, 2*time.Minute)
+	time.Sleep(5 * time.Second) // every pod settled, its probes running
+
+	n.kill()
+	clearStarted(b, started)
+	n.ctrd.PowerCutThen(b, func() {
+		// A reboot empties /run: runc's state, the network namespaces.
+		os.RemoveAll(filepath.Join("/run/containerd/runc", n.netns))
+		n.removePodNetns()
+		exec.Command("ip", "netns", "delete", n.netns).Run()
+		n.addNetns(b)
+	})
+	start := time.Now()
+	n.startAgent(b)
+	waitStarted(b, started, 2*time.Minute)
+	return time.Since(start)
+}
+
+// rebootKubelet is rebootOutpost with kubelet standalone.
+func rebootKubelet(b *testing.B, started string) time.Duration {
+	b.Helper()
+	kn := newKubeletNode(b, "bench-reboot", nil)
+	writeRebootPods(b, kn.manifests(), started)
+	// runc's state of the CRI plugin's containers is under k8s.io, a
+	// name another containerd on this machine may use too: only the
+	// entries this run makes are wiped.
+	const runcState = "/run/containerd/runc/k8s.io"
+	before, states := netnsEntries(), dirEntries(runcState)
+	kn.start(b)
+	waitStarted(b, started, 3*time.Minute)
+	time.Sleep(5 * time.Second)
+
+	kn.kill()
+	clearStarted(b, started)
+	kn.ctrd.PowerCutThen(b, func() {
+		for e := range dirEntries(runcState) {
+			if !states[e] {
+				os.RemoveAll(filepath.Join(runcState, e))
+			}
+		}
+		kn.removeSandboxNetns(before)
+		for _, args := range [][]string{{"ip", "netns", "delete", kn.ns.name}, {"ip", "netns", "add", kn.ns.name}, {"ip", "-n", kn.ns.name, "link", "set", "lo", "up"}} {
+			if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+				b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+		kn.nodeNet(b)
+	})
+	start := time.Now()
+	kn.start(b)
+	waitStarted(b, started, 3*time.Minute)
+	return time.Since(start)
+}
+
+// rebootFloor starts the 30 containers with bare runc from bundles
+// made beforehand (after one pass to warm the caches, as the agents'
+// first start warms theirs) and returns the time from the first create
+// to the last container started.
+func rebootFloor(b *testing.B, started string) time.Duration {
+	b.Helper()
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		b.Skipf("no runc: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "outpost-floor-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	root, rootfs := filepath.Join(dir, "state"), filepath.Join(dir, "rootfs")
+	cgroup := "/" + filepath.Base(dir)
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	env.WriteTestRootfs(b, rootfs)
+	ids := make([]string, peersPods)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("boot-%02d", i)
+	}
+	remove := func() {
+		for _, id := range ids {
+			exec.Command(runc, "--root", root, "delete", "--force", id).Run()
+		}
+	}
+	b.Cleanup(func() {
+		remove()
+		env.RemoveCgroups(b, cgroup)
+		os.RemoveAll(dir)
+	})
+
+	spec := floorSpec(b, runc, rootfs, started)
+	for i, id := range ids {
+		bundle := filepath.Join(dir, id)
+		if err := os.Mkdir(bundle, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		s := *spec
+		p := *spec.Process
+		p.Args = []string{"sh", "-c", rebootScript(i)}
+		s.Process = &p
+		l := *spec.Linux
+		l.CgroupsPath = cgroup + "/" + id
+		s.Linux = &l
+		s.Hostname = id
+		data, err := json.Marshal(&s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runAll := func() time.Duration {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Go(func() {
+				// The container gets runc's stdio: /dev/null, not a pipe
+				// this process would wait on; runc logs to a file.
+				logPath := filepath.Join(dir, id+".log")
+				for _, args := range [][]string{
+					{"--root", root, "--log", logPath, "create", "--bundle", filepath.Join(dir, id), id},
+					{"--root", root, "--log", logPath, "start", id},
+				} {
+					if err := exec.Command(runc, args...).Run(); err != nil {
+						out, _ := os.ReadFile(logPath)
+						b.Errorf("runc %s: %v\n%s", strings.Join(args, " "), err, out)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+		waitStarted(b, started, time.Minute)
+		return time.Since(start)
+	}
+	runAll()
+	remove()
+	clearStarted(b, started)
+	return runAll()
+}
+
+// floorSpec is runc's default spec (`runc spec`) for the floor's
+// containers: the rootfs read-only and shared, no terminal, and the
+// directory of start marks bound at /started.
+func floorSpec(b *testing.B, runc, rootfs, started string) *specs.Spec {
+	b.Helper()
+	dir := b.TempDir()
+	if out, err := exec.Command(runc, "spec", "--bundle", dir).CombinedOutput(); err != nil {
+		b.Fatalf("runc spec: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		b.Fatalf("runc spec: %v", err)
+	}
+	s.Root = &specs.Root{Path: rootfs, Readonly: true}
+	s.Process.Terminal = false
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/started", Type: "bind", Source: started, Options: []string{"rbind", "rw"}})
+	return &s
+}
+
+// dirEntries returns the names in dir.
+func dirEntries(dir string) map[string]bool {
+	out := map[string]bool{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		out[e.Name()] = true
+	}
+	return out
+}
