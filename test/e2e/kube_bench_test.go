@@ -351,7 +351,7 @@ func newBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 			b.Fatal(err)
 		}
 	}
-	n.addNetns(b)
+	addNetns(b, n.netns)
 	b.Cleanup(func() {
 		n.kill()
 		n.removePodNetns()
@@ -409,25 +409,9 @@ log:
 	return n
 }
 
-// addNetns makes the node's network namespace, with lo up.
-func (n *benchNode) addNetns(b *testing.B) {
-	b.Helper()
-	for _, args := range [][]string{{"ip", "netns", "add", n.netns}, {"ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up"}} {
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-}
-
 // removePodNetns removes the pins of the node's pod network namespaces.
 func (n *benchNode) removePodNetns() {
-	for e := range netnsEntries() {
-		if strings.HasPrefix(e, n.podNetns) {
-			p := filepath.Join("/run/netns", e)
-			syscall.Unmount(p, syscall.MNT_DETACH)
-			os.Remove(p)
-		}
-	}
+	removeNetnsPins(func(e string) bool { return strings.HasPrefix(e, n.podNetns) })
 }
 
 // startAgent starts the agent in the node's network namespace, its log

@@ -129,8 +129,14 @@ log:
 // removePodNetns unmounts and removes the pod network namespaces this
 // node's agent made (its netnsPrefix), as a reboot would lose them.
 func (n *node) removePodNetns() {
+	removeNetnsPins(func(e string) bool { return strings.HasPrefix(e, n.netnsPrefix) })
+}
+
+// removeNetnsPins unmounts and removes the network namespace pins in
+// /run/netns whose names match.
+func removeNetnsPins(match func(name string) bool) {
 	for e := range netnsEntries() {
-		if strings.HasPrefix(e, n.netnsPrefix) {
+		if match(e) {
 			p := filepath.Join("/run/netns", e)
 			syscall.Unmount(p, syscall.MNT_DETACH)
 			os.Remove(p)
@@ -138,10 +144,23 @@ func (n *node) removePodNetns() {
 	}
 }
 
-func netnsEntries() map[string]bool {
+// addNetns makes the network namespace name, with lo up.
+func addNetns(t testing.TB, name string) {
+	t.Helper()
+	for _, args := range [][]string{{"ip", "netns", "add", name}, {"ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"}} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+func netnsEntries() map[string]bool { return dirEntries("/run/netns") }
+
+// dirEntries returns the names in dir.
+func dirEntries(dir string) map[string]bool {
 	out := map[string]bool{}
-	entries, _ := os.ReadDir("/run/netns")
-	for _, e := range entries {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
 		out[e.Name()] = true
 	}
 	return out

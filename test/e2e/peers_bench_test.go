@@ -430,10 +430,7 @@ func newKubeletNode(b *testing.B, name string, api *env.APIServer) *kubeletNode 
 	// /run/netns/cni-…, and puts the pods' cgroups under /k8s.io
 	// (cgroupsPerQOS is off): both go once containerd has stopped (this
 	// cleanup is registered before its own, so it runs after).
-	before := map[string]bool{}
-	for e := range netnsEntries() {
-		before[e] = true
-	}
+	before := netnsEntries()
 	const criCgroups = "/sys/fs/cgroup/memory/k8s.io"
 	cgroupsBefore := dirEntries(criCgroups)
 	b.Cleanup(func() {
@@ -528,13 +525,7 @@ func (kn *kubeletNode) nodeNet(b *testing.B) {
 // removeSandboxNetns removes the CRI plugin's sandbox netns pins that
 // were not in before.
 func (kn *kubeletNode) removeSandboxNetns(before map[string]bool) {
-	for e := range netnsEntries() {
-		if strings.HasPrefix(e, "cni-") && !before[e] {
-			p := filepath.Join("/run/netns", e)
-			syscall.Unmount(p, syscall.MNT_DETACH)
-			os.Remove(p)
-		}
-	}
+	removeNetnsPins(func(e string) bool { return strings.HasPrefix(e, "cni-") && !before[e] })
 }
 
 // start starts kubelet in the node's network namespace, its log appended

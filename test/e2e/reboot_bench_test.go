@@ -143,7 +143,7 @@ func rebootOutpost(b *testing.B, started string) time.Duration {
 		os.RemoveAll(filepath.Join("/run/containerd/runc", n.netns))
 		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
-		n.addNetns(b)
+		addNetns(b, n.netns)
 	})
 	start := time.Now()
 	n.startAgent(b)
@@ -174,11 +174,8 @@ func rebootKubelet(b *testing.B, started string) time.Duration {
 			}
 		}
 		kn.removeSandboxNetns(before)
-		for _, args := range [][]string{{"ip", "netns", "delete", kn.ns.name}, {"ip", "netns", "add", kn.ns.name}, {"ip", "-n", kn.ns.name, "link", "set", "lo", "up"}} {
-			if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-				b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-			}
-		}
+		exec.Command("ip", "netns", "delete", kn.ns.name).Run()
+		addNetns(b, kn.ns.name)
 		kn.nodeNet(b)
 	})
 	start := time.Now()
@@ -298,14 +295,4 @@ func floorSpec(b *testing.B, runc, rootfs, started string) *specs.Spec {
 	s.Process.Terminal = false
 	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/started", Type: "bind", Source: started, Options: []string{"rbind", "rw"}})
 	return &s
-}
-
-// dirEntries returns the names in dir.
-func dirEntries(dir string) map[string]bool {
-	out := map[string]bool{}
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		out[e.Name()] = true
-	}
-	return out
 }
