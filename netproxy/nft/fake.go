@@ -77,7 +77,14 @@ type fakeChain struct {
 type fakeMap struct {
 	key   KeyType
 	set   bool // a plain set: elements have no verdict
-	elems map[MapKey]Verdict
+	elems map[MapKey]fakeElem
+}
+
+// fakeElem is what an element maps to: a verdict, or (in an endpoint
+// map) an address and port.
+type fakeElem struct {
+	Verdict
+	data netip.AddrPort
 }
 
 func newFakeTable() *fakeTable {
@@ -151,7 +158,7 @@ func (x *fakeTx) setRules(c *fakeChain, rules []Rule) {
 
 func (x *fakeTx) setMap(name string, m *fakeMap) { put(x, x.t.maps, name, m, m == nil) }
 
-func (x *fakeTx) setElem(m *fakeMap, k MapKey, v Verdict, add bool) { put(x, m.elems, k, v, !add) }
+func (x *fakeTx) setElem(m *fakeMap, k MapKey, v fakeElem, add bool) { put(x, m.elems, k, v, !add) }
 
 func (x *fakeTx) setSet(name string, s *AddrSet) { put(x, x.t.sets, name, s, s == nil) }
 
@@ -367,7 +374,7 @@ func (x *fakeTx) apply(op Op) error {
 			}
 			return nil
 		}
-		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, elems: map[MapKey]Verdict{}})
+		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, elems: map[MapKey]fakeElem{}})
 	case OpDelMap:
 		m := t.maps[op.Map.Name]
 		if m == nil {
@@ -395,20 +402,27 @@ func (x *fakeTx) apply(op Op) error {
 		if err != nil {
 			return err
 		}
-		if m.set {
+		switch {
+		case m.set || endpointKey(m.key):
 			if op.Verdict != (Verdict{}) {
-				return fmt.Errorf("element of set %s with verdict %s: %w", op.Map.Name, op.Verdict, unix.EINVAL)
+				return fmt.Errorf("element of %s with verdict %s: %w", op.Map.Name, op.Verdict, unix.EINVAL)
 			}
-		} else if err := t.checkVerdict(op.Verdict); err != nil {
-			return err
+		default:
+			if err := t.checkVerdict(op.Verdict); err != nil {
+				return err
+			}
 		}
+		if err := checkElemData(m.key, op.Data); err != nil {
+			return fmt.Errorf("element %s of %s: %w", k.Format(m.key), op.Map.Name, err)
+		}
+		el := fakeElem{Verdict: op.Verdict, data: op.Data}
 		if old, ok := m.elems[k]; ok {
-			if old != op.Verdict {
-				return fmt.Errorf("element exists with verdict %q: %w", old, unix.EEXIST)
+			if old != el {
+				return fmt.Errorf("element exists with %s: %w", old.format(), unix.EEXIST)
 			}
 			return nil
 		}
-		x.setElem(m, k, op.Verdict, true)
+		x.setElem(m, k, el, true)
 		if c := op.Verdict.Chain; c != "" {
 			x.bump2(t.elemRefs, c, op.Map.Name, 1)
 			x.dirty[c] = true
@@ -426,7 +440,7 @@ func (x *fakeTx) apply(op Op) error {
 		if !ok {
 			return fmt.Errorf("no such element: %w", unix.ENOENT)
 		}
-		x.setElem(m, k, Verdict{}, false)
+		x.setElem(m, k, fakeElem{}, false)
 		if v.Chain != "" {
 			x.bump2(t.elemRefs, v.Chain, op.Map.Name, -1)
 		}
@@ -514,10 +528,35 @@ func checkBase(b Base) error {
 
 func checkKeyType(k KeyType) error {
 	switch k {
-	case KeyAddr4ProtoPort, KeyAddr6ProtoPort, KeyProtoPort, KeyAddr4Pair, KeyAddr6Pair:
+	case KeyAddr4ProtoPort, KeyAddr6ProtoPort, KeyProtoPort, KeyAddr4Pair, KeyAddr6Pair,
+		KeyAddr4ProtoPortIndex, KeyAddr6ProtoPortIndex:
 		return nil
 	}
 	return fmt.Errorf("unknown key type %q: %w", k, unix.EINVAL)
+}
+
+// checkElemData checks what an element of a map with key k maps to: an
+// endpoint of the key's family in an endpoint map, nothing elsewhere.
+func checkElemData(k KeyType, d netip.AddrPort) error {
+	if !endpointKey(k) {
+		if d.IsValid() {
+			return fmt.Errorf("map %s takes no endpoint (%s): %w", k, d, unix.EINVAL)
+		}
+		return nil
+	}
+	v6 := k == KeyAddr6ProtoPortIndex
+	if a := d.Addr(); !a.IsValid() || a.Is6() != v6 || a.Is4In6() || d.Port() == 0 {
+		return fmt.Errorf("endpoint %s: want an %s and a port: %w", d, addrType(v6), unix.EINVAL)
+	}
+	return nil
+}
+
+// format prints the element's value as nft does.
+func (e fakeElem) format() string {
+	if e.data.IsValid() {
+		return e.data.Addr().String() + " . " + fmt.Sprint(e.data.Port())
+	}
+	return e.Verdict.String()
 }
 
 // checkElemKey checks an element's key against the map's key type and returns
@@ -539,17 +578,20 @@ func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
 	if k.Addr2.IsValid() {
 		return k, fmt.Errorf("key %s: map %s takes one address: %w", k, mapKey, unix.EINVAL)
 	}
+	if k.Index != 0 && !endpointKey(mapKey) {
+		return k, fmt.Errorf("key %s: map %s takes no index: %w", k, mapKey, unix.EINVAL)
+	}
 	k.Protocol = strings.ToUpper(k.Protocol)
 	if _, ok := l4proto[k.Protocol]; !ok {
 		return k, fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", k.Protocol, unix.EINVAL)
 	}
 	switch mapKey {
-	case KeyAddr4ProtoPort:
+	case KeyAddr4ProtoPort, KeyAddr4ProtoPortIndex:
 		if !k.Addr.Is4() {
 			return k, fmt.Errorf("key %s: map %s needs an IPv4 address: %w", k, mapKey, unix.EINVAL)
 		}
-	case KeyAddr6ProtoPort:
-		if !k.Addr.Is6() {
+	case KeyAddr6ProtoPort, KeyAddr6ProtoPortIndex:
+		if !k.Addr.Is6() || k.Addr.Is4In6() {
 			return k, fmt.Errorf("key %s: map %s needs an IPv6 address: %w", k, mapKey, unix.EINVAL)
 		}
 	case KeyProtoPort:
@@ -589,7 +631,7 @@ func (t *fakeTable) checkTarget(name string) error {
 // (or, for a vmap, when its lookup hits).
 func isTerminalStmt(s Stmt) bool {
 	switch s.(type) {
-	case VerdictStmt, MapLookup, DNAT, Masquerade, Reject:
+	case VerdictStmt, MapLookup, DNAT, DNATMap, Masquerade, Reject:
 		return true
 	}
 	return false
@@ -640,6 +682,9 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 		if m.key != s.Key {
 			return fmt.Errorf("map %q has key %s, lookup loads %s: %w", s.Map, m.key, s.Key, unix.EINVAL)
 		}
+		if m.set || endpointKey(m.key) {
+			return fmt.Errorf("map %q does not map to verdicts: %w", s.Map, unix.EINVAL)
+		}
 	case MatchRandom:
 		if s.Mod == 0 {
 			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
@@ -650,9 +695,9 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 			return fmt.Errorf("set %q: no such set: %w", s.Set, unix.ENOENT)
 		}
 		if !m.set {
-			return fmt.Errorf("%q is a verdict map, not a set: %w", s.Set, unix.EINVAL)
+			return fmt.Errorf("%q is a map, not a set: %w", s.Set, unix.EINVAL)
 		}
-		if m.key != s.Key || !pairKey(s.Key) {
+		if _, addrKey := addrProtoPortKey(s.Key); m.key != s.Key || !pairKey(s.Key) && (!addrKey || endpointKey(s.Key)) {
 			return fmt.Errorf("set %q has key %s, lookup loads %s: %w", s.Set, m.key, s.Key, unix.EINVAL)
 		}
 	case SetLookup:
@@ -665,6 +710,17 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 		}
 		if s.Port == 0 {
 			return fmt.Errorf("port 0: %w", unix.EINVAL)
+		}
+	case DNATMap:
+		if s.Mod == 0 {
+			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
+		}
+		m := t.maps[s.Map]
+		if m == nil {
+			return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
+		}
+		if want := pickKey(s.V6, KeyAddr4ProtoPortIndex, KeyAddr6ProtoPortIndex); m.key != want {
+			return fmt.Errorf("map %q has key %s, dnat loads %s: %w", s.Map, m.key, want, unix.EINVAL)
 		}
 	case VerdictStmt:
 		return t.checkVerdict(s.Verdict)
@@ -704,6 +760,8 @@ func stmtTargets(s Stmt) (chains []string, vmap string) {
 		return nil, s.Map
 	case MatchSet:
 		return nil, s.Set
+	case DNATMap:
+		return nil, s.Map
 	}
 	return nil, ""
 }
@@ -909,7 +967,7 @@ func (w *commitWalker) walk(chain string, ctx walkCtx) (int, error) {
 // chain b's type and hook.
 func allowedIn(s Stmt, b walkCtx) error {
 	switch s.(type) {
-	case DNAT:
+	case DNAT, DNATMap:
 		if b.typ != ChainTypeNAT || (b.hook != HookPrerouting && b.hook != HookOutput) {
 			return fmt.Errorf("only in nat prerouting and output chains: %w", unix.EOPNOTSUPP)
 		}
@@ -926,7 +984,7 @@ func allowedIn(s Stmt, b walkCtx) error {
 }
 
 func compareMapKeys(a, b MapKey) int {
-	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+	return cmp.Or(a.Addr.Compare(b.Addr), a.Addr2.Compare(b.Addr2), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Index, b.Index))
 }
 
 // Dump returns the table as `nft list table inet outpost` prints it, with
@@ -958,15 +1016,15 @@ func (f *Fake) Dump() string {
 		if m.set {
 			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", name, m.key)
 		} else {
-			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : verdict\n", name, m.key)
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, dataType(m.key))
 		}
 		if len(m.elems) > 0 {
 			elems := make([]string, 0, len(m.elems))
 			for k, v := range m.elems {
 				if m.set {
-					elems = append(elems, k.String())
+					elems = append(elems, k.Format(m.key))
 				} else {
-					elems = append(elems, k.String()+" : "+v.String())
+					elems = append(elems, k.Format(m.key)+" : "+v.format())
 				}
 			}
 			b.WriteString(formatElements(elems))
@@ -1066,16 +1124,25 @@ func addrFamily(s Stmt) (v6, ok bool) {
 	case MatchAddr:
 		return s.Prefix.Addr().Is6(), true
 	case MapLookup:
-		switch s.Key {
-		case KeyAddr4ProtoPort:
-			return false, true
-		case KeyAddr6ProtoPort:
-			return true, true
+		return addrProtoPortKey(s.Key)
+	case MatchSet:
+		if pairKey(s.Key) {
+			return s.Key == KeyAddr6Pair, true
 		}
+		return addrProtoPortKey(s.Key)
+	case DNATMap:
+		return s.V6, true
 	case SetLookup:
 		return s.V6, true
 	case SetUpdate:
 		return s.V6, true
 	}
 	return false, false
+}
+
+func pickKey(v6 bool, v4, v6key KeyType) KeyType {
+	if v6 {
+		return v6key
+	}
+	return v4
 }

@@ -86,13 +86,54 @@ const (
 	KeyAddr4Pair KeyType = "ipv4_addr . ipv4_addr"
 	// KeyAddr6Pair is `ipv6_addr . ipv6_addr`.
 	KeyAddr6Pair KeyType = "ipv6_addr . ipv6_addr"
+	// KeyAddr4ProtoPortIndex is `ipv4_addr . inet_proto . inet_service .
+	// mark`: a Service address and port and the draw of a `numgen random
+	// mod k` (typed mark, a 32-bit integer in host byte order, as
+	// numgen's result is, which nft can list; nft 1.0.6 cannot sort the
+	// elements of a plain integer field to list them). Its maps map to an
+	// endpoint, `ipv4_addr . inet_service`, which DNATMap DNATs to.
+	KeyAddr4ProtoPortIndex KeyType = "ipv4_addr . inet_proto . inet_service . mark"
+	// KeyAddr6ProtoPortIndex is the same for IPv6, mapping to `ipv6_addr
+	// . inet_service`.
+	KeyAddr6ProtoPortIndex KeyType = "ipv6_addr . inet_proto . inet_service . mark"
 )
 
 // pairKey reports whether k is an address pair.
 func pairKey(k KeyType) bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
 
+// endpointKey reports whether k is the key of an endpoint map (whose
+// elements map to an address and port, not to a verdict).
+func endpointKey(k KeyType) bool { return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex }
+
+// addrProtoPortKey reports whether k starts with a destination address,
+// protocol and port, and which family the address is.
+func addrProtoPortKey(k KeyType) (v6, ok bool) {
+	switch k {
+	case KeyAddr4ProtoPort, KeyAddr4ProtoPortIndex:
+		return false, true
+	case KeyAddr6ProtoPort, KeyAddr6ProtoPortIndex:
+		return true, true
+	}
+	return false, false
+}
+
+// dataType is what the elements of a map with key k map to, as nft
+// prints it.
+func dataType(k KeyType) string {
+	switch k {
+	case KeyAddr4ProtoPortIndex:
+		return "ipv4_addr . inet_service"
+	case KeyAddr6ProtoPortIndex:
+		return "ipv6_addr . inet_service"
+	}
+	return "verdict"
+}
+
 // Map is a named verdict map or, with Set, a plain set of keys whose
-// elements carry no verdict and which MatchSet tests packets against.
+// elements carry no verdict and which MatchSet tests packets against. A
+// map with an endpoint key (KeyAddr4ProtoPortIndex,
+// KeyAddr6ProtoPortIndex) maps to addresses and ports instead of
+// verdicts.
 type Map struct {
 	Name string
 	Key  KeyType
@@ -101,17 +142,37 @@ type Map struct {
 
 // MapKey is a key of a verdict map; Addr is unset for KeyProtoPort. A
 // pair key (KeyAddr4Pair, KeyAddr6Pair) is Addr . Addr2, with no
-// protocol or port.
+// protocol or port. Index is the numgen draw of an endpoint key, and
+// zero in every other.
 type MapKey struct {
 	Addr     netip.Addr
 	Addr2    netip.Addr
 	Protocol string // TCP, UDP or SCTP
 	Port     uint16
+	Index    uint32
 }
 
 // String prints the key as nft does: `10.0.0.1 . tcp . 80`, or
-// `10.42.0.5 . 10.42.0.5` for a pair.
+// `10.42.0.5 . 10.42.0.5` for a pair. The index of an endpoint key is
+// printed when it is not zero (Format prints it always).
 func (k MapKey) String() string {
+	s := k.format()
+	if k.Index != 0 {
+		s += " . " + fmt.Sprint(k.Index)
+	}
+	return s
+}
+
+// Format prints the key as nft prints a key of type kt (the draw of an
+// endpoint key as a mark, 0x00000001).
+func (k MapKey) Format(kt KeyType) string {
+	if endpointKey(kt) {
+		return fmt.Sprintf("%s . 0x%08x", k.format(), k.Index)
+	}
+	return k.format()
+}
+
+func (k MapKey) format() string {
 	if k.Addr2.IsValid() {
 		return k.Addr.String() + " . " + k.Addr2.String()
 	}
@@ -293,13 +354,18 @@ type MatchRandom struct{ Mod uint32 }
 func (m MatchRandom) String() string { return fmt.Sprintf("numgen random mod %d 0", m.Mod) }
 
 // MatchSet is `ip saddr . ip daddr @set`: the packet's source and
-// destination are an element of a plain set (Map.Set) with a pair key.
+// destination are an element of a plain set (Map.Set) with a pair key;
+// or, with an address, protocol and port key, `ip daddr . meta l4proto .
+// th dport @set`.
 type MatchSet struct {
 	Set string
-	Key KeyType // KeyAddr4Pair or KeyAddr6Pair
+	Key KeyType // KeyAddr4Pair, KeyAddr6Pair, KeyAddr4ProtoPort or KeyAddr6ProtoPort
 }
 
 func (m MatchSet) String() string {
+	if v6, ok := addrProtoPortKey(m.Key); ok {
+		return ipFamily(v6) + " daddr . meta l4proto . th dport @" + m.Set
+	}
 	f := ipFamily(m.Key == KeyAddr6Pair)
 	return f + " saddr . " + f + " daddr @" + m.Set
 }
@@ -330,6 +396,27 @@ type DNAT struct {
 
 func (d DNAT) String() string {
 	return fmt.Sprintf("dnat %s to %s", ipFamily(d.Addr.Is6()), netip.AddrPortFrom(d.Addr, d.Port))
+}
+
+// DNATMap is `dnat ip to ip daddr . meta l4proto . th dport . numgen
+// random mod <Mod> map @<Map>`: it draws one of Mod endpoints at random
+// and DNATs to the address and port the endpoint map (key
+// KeyAddr4ProtoPortIndex, or KeyAddr6ProtoPortIndex with V6) holds for
+// the packet's destination, protocol, port and draw. When the map holds
+// no such element the rule does not match and the next one runs. One
+// rule serves every Service with Mod endpoints, so adding, changing or
+// removing such a Service changes map elements only, which the kernel
+// does not check the table for at commit (a new rule or jump makes it
+// walk every chain).
+type DNATMap struct {
+	Map string
+	V6  bool
+	Mod uint32
+}
+
+func (d DNATMap) String() string {
+	f := ipFamily(d.V6)
+	return fmt.Sprintf("dnat %s to %s daddr . meta l4proto . th dport . numgen random mod %d map @%s", f, f, d.Mod, d.Map)
 }
 
 // Masquerade is `masquerade [fully-random]`.
@@ -399,8 +486,10 @@ type Op struct {
 	Rule    Rule    // OpAddRule
 	Map     Map     // OpAddMap, OpDelMap, OpAddElem, OpDelElem (Name, Key)
 	Key     MapKey  // OpAddElem, OpDelElem
-	Verdict Verdict // OpAddElem
-	Set     AddrSet // OpAddSet, OpDelSet
+	Verdict Verdict // OpAddElem to a verdict map
+	// Data is what an OpAddElem to an endpoint map maps its key to.
+	Data netip.AddrPort
+	Set  AddrSet // OpAddSet, OpDelSet
 }
 
 // AddChain appends OpAddChain.
@@ -430,6 +519,11 @@ func (tx *Tx) DelMap(m Map) { tx.Ops = append(tx.Ops, Op{Kind: OpDelMap, Map: m}
 // AddElem appends OpAddElem.
 func (tx *Tx) AddElem(m Map, k MapKey, v Verdict) {
 	tx.Ops = append(tx.Ops, Op{Kind: OpAddElem, Map: m, Key: k, Verdict: v})
+}
+
+// AddEndpointElem appends OpAddElem of k: d to the endpoint map m.
+func (tx *Tx) AddEndpointElem(m Map, k MapKey, d netip.AddrPort) {
+	tx.Ops = append(tx.Ops, Op{Kind: OpAddElem, Map: m, Key: k, Data: d})
 }
 
 // DelElem appends OpDelElem.

@@ -620,6 +620,25 @@ func (n *Netlink) List() (Contents, error) {
 	return out, nil
 }
 
+// Elements returns the number of elements of the table's set or map
+// named name (it reads them all: for checks, not for the sync path).
+func (n *Netlink) Elements(name string) (int, error) {
+	c, err := n.conn()
+	if err != nil {
+		return 0, fmt.Errorf("list elements of %s: %w", name, err)
+	}
+	t := &nftables.Table{Name: netproxy.TableName, Family: nftables.TableFamilyINet}
+	s, err := c.GetSetByName(t, name)
+	if err != nil {
+		return 0, fmt.Errorf("list elements of %s: %w", name, err)
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return 0, fmt.Errorf("list elements of %s: %w", name, err)
+	}
+	return len(els), nil
+}
+
 // nlBatch translates ops into the messages of one batch: rules by
 // encodeRule, the ops that are neither rules nor elements by add, on c.
 type nlBatch struct {
@@ -654,6 +673,15 @@ func (b *nlBatch) add(op Op) error {
 			return err
 		}
 		s := &nftables.Set{Table: b.t, Name: op.Map.Name, IsMap: true, Concatenation: true, KeyType: kt, DataType: nftables.TypeVerdict}
+		switch op.Map.Key {
+		case KeyAddr4ProtoPortIndex:
+			s.DataType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+		case KeyAddr6ProtoPortIndex:
+			s.DataType = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)
+		}
+		if op.Map.Set && endpointKey(op.Map.Key) {
+			return fmt.Errorf("set %s: an endpoint key needs a map", op.Map.Name)
+		}
 		if op.Map.Set {
 			s = &nftables.Set{Table: b.t, Name: op.Map.Name, Concatenation: true, KeyType: kt}
 		}
@@ -692,7 +720,12 @@ const maxElemBytes = 48 << 10
 
 // elemBytes estimates what one element adds to a message: key, verdict
 // and attribute headers, and the chain name of a jump or goto.
-func elemBytes(op Op) int { return 64 + len(op.Verdict.Chain) }
+func elemBytes(op Op) int {
+	if op.Data.IsValid() {
+		return 96 // an IPv6 endpoint key and its data
+	}
+	return 64 + len(op.Verdict.Chain)
+}
 
 // elemRun translates ops[i] and the ops after it of the same kind on the
 // same map, up to maxElemBytes, and returns the elements and the index of
@@ -708,11 +741,22 @@ func elemRun(ops []Op, i int) ([]nftables.SetElement, int, error) {
 			return nil, 0, fmt.Errorf("op %d: %w", j, err)
 		}
 		el := nftables.SetElement{Key: key}
-		if first.Map.Set {
+		switch {
+		case first.Map.Set || endpointKey(first.Map.Key):
 			if ops[j].Verdict != (Verdict{}) {
-				return nil, 0, fmt.Errorf("op %d: element of set %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
+				return nil, 0, fmt.Errorf("op %d: element of %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
 			}
-		} else if first.Kind == OpAddElem {
+			if first.Kind != OpAddElem {
+				break
+			}
+			if err := checkElemData(first.Map.Key, ops[j].Data); err != nil {
+				return nil, 0, fmt.Errorf("op %d: element %s of %s: %w", j, ops[j].Key.Format(first.Map.Key), first.Map.Name, err)
+			}
+			if d := ops[j].Data; d.IsValid() {
+				el.Val = binary.BigEndian.AppendUint16(d.Addr().AsSlice(), d.Port())
+				el.Val = append(el.Val, 0, 0)
+			}
+		case first.Kind == OpAddElem:
 			v, err := nlVerdict(ops[j].Verdict)
 			if err != nil {
 				return nil, 0, fmt.Errorf("op %d: %w", j, err)
@@ -743,6 +787,11 @@ func (e *batchEncoder) elems(kind OpKind, table, set string, els []nftables.SetE
 		k := e.beginNest(unix.NFTA_SET_ELEM_KEY | unix.NLA_F_NESTED)
 		e.attr(unix.NFTA_DATA_VALUE, v.Key)
 		e.endNest(k)
+		if v.Val != nil {
+			d := e.beginNest(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
+			e.attr(unix.NFTA_DATA_VALUE, v.Val)
+			e.endNest(d)
+		}
 		if v.VerdictData != nil {
 			d := e.beginNest(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
 			dd := e.beginNest(unix.NFTA_SET_ELEM_DATA | unix.NLA_F_NESTED)
@@ -803,6 +852,10 @@ func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
 		return nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr), nil
 	case KeyAddr6Pair:
 		return nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeIP6Addr), nil
+	case KeyAddr4ProtoPortIndex:
+		return nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark), nil
+	case KeyAddr6ProtoPortIndex:
+		return nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark), nil
 	}
 	return nftables.SetDatatype{}, fmt.Errorf("unknown key type %q", k)
 }
@@ -823,19 +876,22 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 	if k.Addr2.IsValid() {
 		return nil, fmt.Errorf("key %s: map %s takes one address", k, kt)
 	}
+	if k.Index != 0 && !endpointKey(kt) {
+		return nil, fmt.Errorf("key %s: map %s takes no index", k, kt)
+	}
 	proto, ok := l4proto[strings.ToUpper(k.Protocol)]
 	if !ok {
 		return nil, fmt.Errorf("key %s: protocol %q: want TCP, UDP or SCTP", k, k.Protocol)
 	}
 	var key []byte
 	switch kt {
-	case KeyAddr4ProtoPort:
+	case KeyAddr4ProtoPort, KeyAddr4ProtoPortIndex:
 		if !k.Addr.Is4() {
 			return nil, fmt.Errorf("key %s: map %s needs an IPv4 address", k, kt)
 		}
 		key = k.Addr.AsSlice()
-	case KeyAddr6ProtoPort:
-		if !k.Addr.Is6() {
+	case KeyAddr6ProtoPort, KeyAddr6ProtoPortIndex:
+		if !k.Addr.Is6() || k.Addr.Is4In6() {
 			return nil, fmt.Errorf("key %s: map %s needs an IPv6 address", k, kt)
 		}
 		key = k.Addr.AsSlice()
@@ -848,7 +904,12 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 	}
 	key = append(key, proto, 0, 0, 0)
 	key = binary.BigEndian.AppendUint16(key, k.Port)
-	return append(key, 0, 0), nil
+	key = append(key, 0, 0)
+	if endpointKey(kt) {
+		// numgen writes its draw in host byte order.
+		key = binary.NativeEndian.AppendUint32(key, k.Index)
+	}
+	return key, nil
 }
 
 func nlVerdict(v Verdict) (*expr.Verdict, error) {
@@ -1032,8 +1093,8 @@ func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
 				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: make([]byte, 4)},
 			)
 		case MatchSet:
-			if !pairKey(s.Key) {
-				return nil, fmt.Errorf("statement %d (%s): set key %s is not an address pair", i, s, s.Key)
+			if _, addrKey := addrProtoPortKey(s.Key); !pairKey(s.Key) && (!addrKey || endpointKey(s.Key)) {
+				return nil, fmt.Errorf("statement %d (%s): set key %s is neither an address pair nor address, protocol and port", i, s, s.Key)
 			}
 			e, err := nlMapLookup(MapLookup{Map: s.Set, Key: s.Key}, needFamily)
 			if err != nil {
@@ -1071,6 +1132,30 @@ func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
 				&expr.Immediate{Register: nlReg1, Data: s.Addr.AsSlice()},
 				&expr.Immediate{Register: nlReg2, Data: binary.BigEndian.AppendUint16(nil, s.Port)},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: nlReg2, Specified: true},
+			)
+		case DNATMap:
+			if s.Mod == 0 {
+				return nil, fmt.Errorf("statement %d (%s): numgen modulus 0", i, s)
+			}
+			// The key (address, protocol, port, draw) in consecutive
+			// 32-bit registers from register 1; the lookup writes the
+			// endpoint's address there and its port in the register
+			// after the address, where nat reads them.
+			key := KeyAddr4ProtoPort
+			family, ngReg, portReg := uint32(unix.NFPROTO_IPV4), uint32(nlRegV4Port+1), uint32(nlRegV4Proto)
+			if s.V6 {
+				key = KeyAddr6ProtoPort
+				family, ngReg, portReg = unix.NFPROTO_IPV6, nlRegV6Port+1, nlReg2
+			}
+			e, err := nlMapLookup(MapLookup{Map: s.Map, Key: key}, needFamily)
+			if err != nil {
+				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
+			}
+			exprs = append(exprs, e[:len(e)-1]...)
+			exprs = append(exprs,
+				&expr.Numgen{Register: ngReg, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
+				&expr.Lookup{SourceRegister: nlReg1, SetName: s.Map, IsDestRegSet: true, DestRegister: nlReg1},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: portReg, Specified: true},
 			)
 		case Masquerade:
 			exprs = append(exprs, &expr.Masq{FullyRandom: s.FullyRandom})

@@ -252,6 +252,43 @@ var equivSteps = []equivStep{
 			Comment: "ns/svc:port",
 		}})
 	}},
+	{name: "shared DNAT rules through endpoint maps", tx: func(tx *Tx) {
+		ep4 := Map{Name: "endpoints-k2", Key: KeyAddr4ProtoPortIndex}
+		ep6 := Map{Name: "endpoints6-k1", Key: KeyAddr6ProtoPortIndex}
+		ips := Map{Name: "cluster-ips", Key: KeyAddr4ProtoPort, Set: true}
+		ips6 := Map{Name: "cluster-ips6", Key: KeyAddr6ProtoPort, Set: true}
+		for _, m := range []Map{ep4, ep6, ips, ips6} {
+			tx.AddMap(m)
+		}
+		vip := netip.MustParseAddr("10.96.0.20")
+		vip6 := netip.MustParseAddr("fd00:96::20")
+		tx.AddElem(ips, MapKey{Addr: vip, Protocol: "TCP", Port: 80}, Verdict{})
+		tx.AddElem(ips6, MapKey{Addr: vip6, Protocol: "UDP", Port: 53}, Verdict{})
+		tx.AddEndpointElem(ep4, MapKey{Addr: vip, Protocol: "TCP", Port: 80}, netip.AddrPortFrom(mpEP1, 8080))
+		tx.AddEndpointElem(ep4, MapKey{Addr: vip, Protocol: "TCP", Port: 80, Index: 1}, netip.AddrPortFrom(mpEP2, 8081))
+		tx.AddEndpointElem(ep6, MapKey{Addr: vip6, Protocol: "UDP", Port: 53}, netip.MustParseAddrPort("[fd00:42::7]:5353"))
+		tx.AddRule("services", MatchSet{Set: ips.Name, Key: ips.Key}, MatchAddr{Not: true, Prefix: netip.MustParsePrefix("10.42.0.0/16")}, VerdictStmt{Jump("svc-three")})
+		tx.AddRule("services", MatchSet{Set: ips6.Name, Key: ips6.Key}, VerdictStmt{Jump("svc-three")})
+		tx.AddRule("services", DNATMap{Map: ep4.Name, Mod: 2})
+		tx.AddRule("services", DNATMap{Map: ep6.Name, V6: true, Mod: 1})
+	}},
+	{name: "endpoint elements replaced and deleted", tx: func(tx *Tx) {
+		ep4 := Map{Name: "endpoints-k2", Key: KeyAddr4ProtoPortIndex}
+		vip := netip.MustParseAddr("10.96.0.20")
+		tx.DelElem(ep4, MapKey{Addr: vip, Protocol: "TCP", Port: 80, Index: 1})
+		tx.AddEndpointElem(ep4, MapKey{Addr: vip, Protocol: "TCP", Port: 80, Index: 1}, netip.AddrPortFrom(mpEP1, 9090))
+		tx.DelElem(Map{Name: "cluster-ips6", Key: KeyAddr6ProtoPort, Set: true}, MapKey{Addr: netip.MustParseAddr("fd00:96::20"), Protocol: "UDP", Port: 53})
+		tx.DelElem(Map{Name: "endpoints6-k1", Key: KeyAddr6ProtoPortIndex}, MapKey{Addr: netip.MustParseAddr("fd00:96::20"), Protocol: "UDP", Port: 53})
+	}},
+	{name: "endpoint element with another endpoint", errno: unix.EEXIST, tx: func(tx *Tx) {
+		tx.AddEndpointElem(Map{Name: "endpoints-k2", Key: KeyAddr4ProtoPortIndex}, MapKey{Addr: netip.MustParseAddr("10.96.0.20"), Protocol: "TCP", Port: 80}, netip.AddrPortFrom(mpEP2, 1))
+	}},
+	{name: "dnat through a missing map", errno: unix.ENOENT, tx: func(tx *Tx) {
+		tx.AddRule("services", DNATMap{Map: "missing", Mod: 2})
+	}},
+	{name: "dnat through a map reachable from postrouting", errno: unix.EOPNOTSUPP, tx: func(tx *Tx) {
+		tx.AddRule(mpNatPost.Name, DNATMap{Map: "endpoints-k2", Mod: 2})
+	}},
 	{name: "elements replaced, re-added and deleted; chains flushed and deleted", tx: func(tx *Tx) {
 		tx.AddElem(mpNodePorts, MapKey{Protocol: "TCP", Port: 30080}, Goto("svc-web")) // same verdict: no-op
 		tx.DelElem(mpNodePorts, MapKey{Protocol: "UDP", Port: 30053})
@@ -616,6 +653,12 @@ func TestEncoderElemsMatchGoogle(t *testing.T) {
 		}},
 		{tableMaps[mapHairpin6], []Op{
 			{Kind: OpDelElem, Map: tableMaps[mapHairpin6], Key: MapKey{Addr: netip.MustParseAddr("fd00:42::5"), Addr2: netip.MustParseAddr("fd00:42::5")}},
+		}},
+		{tableMaps[endpointsMap(false, 2)], []Op{
+			{Kind: OpAddElem, Map: tableMaps[endpointsMap(false, 2)], Key: MapKey{Addr: netip.MustParseAddr("10.96.0.10"), Protocol: "TCP", Port: 80, Index: 1}, Data: netip.MustParseAddrPort("10.42.0.5:8080")},
+		}},
+		{tableMaps[endpointsMap(true, 1)], []Op{
+			{Kind: OpAddElem, Map: tableMaps[endpointsMap(true, 1)], Key: MapKey{Addr: netip.MustParseAddr("fd00:96::10"), Protocol: "UDP", Port: 53}, Data: netip.MustParseAddrPort("[fd00:42::5]:5353")},
 		}},
 	} {
 		kind := tc.ops[0].Kind

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -92,6 +93,10 @@ func renderService(key string, sp *netproxy.ServicePort, podCIDR netip.Prefix, o
 		names:   make([]string, len(sp.Endpoints)),
 	}
 	cluster := indexes(sp.Endpoints, sp.Usable(false))
+	if !external && sp.AffinityTimeout <= 0 && !sp.InternalLocal && r.fitsGroup(cluster) {
+		r.renderGrouped(cluster, o)
+		return
+	}
 	local := indexes(sp.Endpoints, sp.Usable(true))
 	useCluster := len(cluster) > 0 && (!sp.InternalLocal || external)
 	useLocal := len(local) > 0 && (sp.InternalLocal || sp.ExternalLocal && external)
@@ -219,6 +224,59 @@ func indexes(all, sub []netproxy.Endpoint) []int {
 		j++
 	}
 	return idx
+}
+
+// fitsGroup reports whether the endpoints idx hold at most maxGroup of
+// each family.
+func (r *svcRender) fitsGroup(idx []int) bool {
+	n6 := 0
+	for _, i := range idx {
+		if r.is6(i) {
+			n6++
+		}
+	}
+	return n6 <= maxGroup && len(idx)-n6 <= maxGroup
+}
+
+// renderGrouped appends what a ServicePort DNATed by the shared rules
+// wants (see maxGroup), elements only: per ClusterIP whose family has k
+// usable endpoints, its key in cluster-ips(6), which comes with one
+// element per endpoint in endpoints(6)-k<k>, `<clusterIP> . <proto> .
+// <port> . <n> : <ip> . <port>` for n from 0 to k-1 in the ServicePort's
+// order (groupElems); a ClusterIP of a family without endpoints in
+// no-endpoint-services(6); and hairpin elements for the endpoints.
+func (r *svcRender) renderGrouped(cluster []int, o *objects) {
+	for _, i := range cluster {
+		o.hairpin = append(o.hairpin, r.addr(i))
+	}
+	n0 := len(o.elems)
+	add := func(e elem) {
+		for _, el := range o.elems[n0:] {
+			if el.key == e.key {
+				return
+			}
+		}
+		o.elems = append(o.elems, e)
+	}
+	sp := r.sp
+	for _, ip := range sp.ClusterIPs {
+		ip = ip.Unmap()
+		v6 := ip.Is6()
+		k := MapKey{Addr: ip, Protocol: r.proto, Port: sp.Port}
+		var grp []netip.AddrPort
+		for _, i := range cluster {
+			if r.is6(i) == v6 {
+				grp = append(grp, netip.AddrPortFrom(r.addr(i), sp.Endpoints[i].Port))
+			}
+		}
+		if len(grp) == 0 {
+			// Endpoints of the other family only: as a chain's
+			// ClusterIP with none of its own, rejected.
+			add(elem{key: elemID{m: pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k: k}, v: Goto(chainReject)})
+			continue
+		}
+		add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: slices.Clip(grp)})
+	}
 }
 
 // svcRender renders one ServicePort's chains.

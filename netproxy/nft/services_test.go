@@ -514,7 +514,9 @@ func TestTableBalancesDualStackEvenly(t *testing.T) {
 }
 
 func TestTableBalancesEvenly(t *testing.T) {
-	for n := 1; n <= 6; n++ {
+	// Up to maxGroup endpoints through the shared rules, past it through
+	// the Service's own chain.
+	for n := 1; n <= maxGroup+2; n++ {
 		sp := svcClusterIP()
 		sp.Endpoints = nil
 		for i := range n {

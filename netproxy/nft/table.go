@@ -19,8 +19,10 @@ import (
 //	nat-prerouting (nat, -100)   fib daddr type local jump hostports; jump services
 //	nat-output (nat, -100)       the same, but not for loopback destinations
 //	nat-postrouting (nat, 100)   jump masquerading; hairpin hostPort and pod egress masquerade
-//	services                     daddr . proto . dport vmap @service-ips(6);
-//	                             local daddr: proto . dport vmap @service-nodeports
+//	services                     masquerade marks for @cluster-ips(6); dnat through
+//	                             @endpoints(6)-k1 … -k8; daddr . proto . dport vmap
+//	                             @service-ips(6); local daddr: proto . dport vmap
+//	                             @service-nodeports
 //	service-endpoints-check      daddr . proto . dport vmap @no-endpoint-services(6)
 //	nodeport-endpoints-check     local daddr: proto . dport vmap @no-endpoint-nodeports
 //	mark-for-masquerade, masquerading, reject-chain, hostports
@@ -70,7 +72,29 @@ const (
 	mapNameNoEndpointNodePorts = "no-endpoint-nodeports"
 	mapNameHairpin             = "hairpin-endpoints"
 	mapNameHairpin6            = "hairpin-endpoints6"
+	mapNameClusterIPs          = "cluster-ips"
+	mapNameClusterIPs6         = "cluster-ips6"
 )
+
+// maxGroup is the most endpoints (of one address family) a Service may
+// have to be DNATed by the shared rules of the services chain: one rule
+// per endpoint count k, `dnat ip to ip daddr . meta l4proto . th dport .
+// numgen random mod k map @endpoints-k<k>` (and endpoints6-k<k> for
+// IPv6), whose maps hold every such Service's endpoints. Such a Service
+// is elements only, so adding, changing or removing it does not make the
+// kernel check the whole table at commit. A Service with more endpoints,
+// ClientIP affinity, a Local traffic policy, a NodePort or external
+// addresses has chains of its own.
+const maxGroup = 8
+
+// endpointsMapName is the name of the endpoint map for Services with k
+// endpoints of the family.
+func endpointsMapName(v6 bool, k int) string {
+	if v6 {
+		return "endpoints6-k" + strconv.Itoa(k)
+	}
+	return "endpoints-k" + strconv.Itoa(k)
+}
 
 // Name prefixes of per-ServicePort chains and sets, followed by
 // HASH-ns/svc/proto/port: such a name always holds a "/", which no fixed
@@ -99,18 +123,40 @@ const (
 	mapNoEndpointNodePorts
 	mapHairpin
 	mapHairpin6
-	numMaps
+	mapClusterIPs
+	mapClusterIPs6
+	mapEndpoints                            // endpoints-k1; endpoints-k<k> is mapEndpoints+k-1
+	mapEndpoints6 = mapEndpoints + maxGroup // endpoints6-k1
+	numMaps       = mapEndpoints6 + maxGroup
 )
 
-var tableMaps = [numMaps]Map{
-	mapServiceIPs:          {Name: mapNameServiceIPs, Key: KeyAddr4ProtoPort},
-	mapServiceIPs6:         {Name: mapNameServiceIPs6, Key: KeyAddr6ProtoPort},
-	mapServiceNodePorts:    {Name: mapNameServiceNodePorts, Key: KeyProtoPort},
-	mapNoEndpointServices:  {Name: mapNameNoEndpointServices, Key: KeyAddr4ProtoPort},
-	mapNoEndpointServices6: {Name: mapNameNoEndpointServices6, Key: KeyAddr6ProtoPort},
-	mapNoEndpointNodePorts: {Name: mapNameNoEndpointNodePorts, Key: KeyProtoPort},
-	mapHairpin:             {Name: mapNameHairpin, Key: KeyAddr4Pair, Set: true},
-	mapHairpin6:            {Name: mapNameHairpin6, Key: KeyAddr6Pair, Set: true},
+var tableMaps = func() [numMaps]Map {
+	m := [numMaps]Map{
+		mapServiceIPs:          {Name: mapNameServiceIPs, Key: KeyAddr4ProtoPort},
+		mapServiceIPs6:         {Name: mapNameServiceIPs6, Key: KeyAddr6ProtoPort},
+		mapServiceNodePorts:    {Name: mapNameServiceNodePorts, Key: KeyProtoPort},
+		mapNoEndpointServices:  {Name: mapNameNoEndpointServices, Key: KeyAddr4ProtoPort},
+		mapNoEndpointServices6: {Name: mapNameNoEndpointServices6, Key: KeyAddr6ProtoPort},
+		mapNoEndpointNodePorts: {Name: mapNameNoEndpointNodePorts, Key: KeyProtoPort},
+		mapHairpin:             {Name: mapNameHairpin, Key: KeyAddr4Pair, Set: true},
+		mapHairpin6:            {Name: mapNameHairpin6, Key: KeyAddr6Pair, Set: true},
+		mapClusterIPs:          {Name: mapNameClusterIPs, Key: KeyAddr4ProtoPort, Set: true},
+		mapClusterIPs6:         {Name: mapNameClusterIPs6, Key: KeyAddr6ProtoPort, Set: true},
+	}
+	for k := 1; k <= maxGroup; k++ {
+		m[endpointsMap(false, k)] = Map{Name: endpointsMapName(false, k), Key: KeyAddr4ProtoPortIndex}
+		m[endpointsMap(true, k)] = Map{Name: endpointsMapName(true, k), Key: KeyAddr6ProtoPortIndex}
+	}
+	return m
+}()
+
+// endpointsMap is the endpoint map for Services with k (1 to maxGroup)
+// endpoints of the family.
+func endpointsMap(v6 bool, k int) mapID {
+	if v6 {
+		return mapEndpoints6 + mapID(k-1)
+	}
+	return mapEndpoints + mapID(k-1)
 }
 
 var (
@@ -150,6 +196,7 @@ type Table struct {
 	keyBuf    []byte
 	chains    int // chain and rule totals, for Counts
 	rules     int
+	grouped   int // endpoint map elements, for Counts
 }
 
 // svcEntry is one applied ServicePort.
@@ -186,7 +233,7 @@ func (t *Table) Full() bool {
 func (t *Table) Counts() (chains, rules, elements int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.chains, t.rules, len(t.elems) + len(t.hairpin)
+	return t.chains, t.rules, len(t.elems) + len(t.hairpin) + t.grouped
 }
 
 // Sync makes the table hold s. The first call, a call after a failed
@@ -245,6 +292,63 @@ type chainDef struct {
 type elem struct {
 	key elemID
 	v   Verdict
+	// grp are the endpoints of a cluster-ips(6) key (a ClusterIP of a
+	// Service DNATed by the shared rules): the key comes with one element
+	// per endpoint in the endpoint map for their number (groupElems).
+	grp []netip.AddrPort
+}
+
+// groupElems are the endpoint map elements that come with the
+// cluster-ips(6) key k when its endpoints are grp: `k . n : grp[n]` in
+// endpoints(6)-k<len(grp)>.
+func groupElems(k MapKey, grp []netip.AddrPort) (mapID, []MapKey) {
+	if len(grp) == 0 {
+		return 0, nil
+	}
+	keys := make([]MapKey, len(grp))
+	for n := range grp {
+		keys[n] = k
+		keys[n].Index = uint32(n)
+	}
+	return endpointsMap(k.Addr.Is6(), len(grp)), keys
+}
+
+// addElem appends the OpAddElem of key k mapping to v, and those of the
+// endpoint elements that come with it.
+func addElem(tx *Tx, k elemID, v Verdict, grp []netip.AddrPort) {
+	tx.AddElem(tableMaps[k.m], k.k, v)
+	m, keys := groupElems(k.k, grp)
+	for n, ek := range keys {
+		tx.AddEndpointElem(tableMaps[m], ek, grp[n])
+	}
+}
+
+// delElem appends the OpDelElem of key k and of the endpoint elements
+// that came with it.
+func delElem(tx *Tx, k elemID, grp []netip.AddrPort) {
+	tx.DelElem(tableMaps[k.m], k.k)
+	m, keys := groupElems(k.k, grp)
+	for _, ek := range keys {
+		tx.DelElem(tableMaps[m], ek)
+	}
+}
+
+// changeGroup appends what turns the endpoint elements of cluster-ips
+// key k from those of old to those of cur (both not empty): when their
+// number is the same, only the endpoints that differ are replaced.
+func changeGroup(tx *Tx, k MapKey, old, cur []netip.AddrPort) {
+	om, okeys := groupElems(k, old)
+	cm, ckeys := groupElems(k, cur)
+	for n, ek := range okeys {
+		if om != cm || old[n] != cur[n] {
+			tx.DelElem(tableMaps[om], ek)
+		}
+	}
+	for n, ek := range ckeys {
+		if om != cm || old[n] != cur[n] {
+			tx.AddEndpointElem(tableMaps[cm], ek, cur[n])
+		}
+	}
 }
 
 type elemID struct {
@@ -258,6 +362,7 @@ type elemID struct {
 type claim struct {
 	svc string
 	v   Verdict
+	grp []netip.AddrPort
 }
 
 // claims are the claims on one key, sorted by svc; first is the one in
@@ -333,7 +438,7 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 		renderService(k, &e.sp, podCIDR, &o)
 		elemEnd[i] = len(o.elems)
 		for _, el := range o.elems[el0:] {
-			elems[el.key] = elems[el.key].with(claim{svc: k, v: el.v})
+			elems[el.key] = elems[el.key].with(claim{svc: k, v: el.v, grp: el.grp})
 		}
 		if old := t.services[k]; old != nil && old.sp.AffinityTimeout != e.sp.AffinityTimeout {
 			for _, s := range o.sets[s0:] {
@@ -392,12 +497,13 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 	for _, c := range o.chains {
 		addRules(tx, c.Name, c.rules)
 	}
-	start := 0
+	start, grouped := 0, 0
 	for i, k := range keys {
 		// Each element once, from the claim that won it.
 		for _, el := range o.elems[start:elemEnd[i]] {
 			if elems[el.key].first.svc == k {
-				tx.AddElem(tableMaps[el.key.m], el.key.k, el.v)
+				addElem(tx, el.key, el.v, el.grp)
+				grouped += len(el.grp)
 			}
 		}
 		start = elemEnd[i]
@@ -425,6 +531,7 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 	t.hairpin = hairpin
 	t.chains = len(o.chains)
 	t.rules = nRules
+	t.grouped = grouped
 	return len(tx.Ops), nil
 }
 
@@ -445,6 +552,7 @@ type delta struct {
 	delSets     []AddrSet
 	dChains     int
 	dRules      int
+	dGrouped    int               // change of the number of endpoint map elements
 	next        map[elemID]claims // claims after the change, for touched keys
 	touched     []elemID
 	touchedFrom map[elemID]claim     // the element in the table before
@@ -529,7 +637,7 @@ func (d *delta) unit(svc string, old, cur *objects, applied map[elemID]claims) {
 	}
 	for _, el := range cur.elems {
 		d.touch(applied, el.key)
-		d.next[el.key] = d.next[el.key].with(claim{svc: svc, v: el.v})
+		d.next[el.key] = d.next[el.key].with(claim{svc: svc, v: el.v, grp: el.grp})
 	}
 }
 
@@ -669,13 +777,17 @@ func (d *delta) tx() *Tx {
 		if after.svc == "" {
 			continue
 		}
+		d.dGrouped += len(after.grp) - len(before.grp)
 		if before.svc != "" {
 			if before.v == after.v {
+				if !slices.Equal(before.grp, after.grp) {
+					changeGroup(tx, k.k, before.grp, after.grp)
+				}
 				continue
 			}
-			tx.DelElem(tableMaps[k.m], k.k)
+			delElem(tx, k, before.grp)
 		}
-		tx.AddElem(tableMaps[k.m], k.k, after.v)
+		addElem(tx, k, after.v, after.grp)
 	}
 	for _, a := range d.hairpinKeys {
 		if before := d.hairpinFrom[a]; before == 0 && before+d.hairpin[a] > 0 {
@@ -684,8 +796,9 @@ func (d *delta) tx() *Tx {
 		}
 	}
 	for _, k := range d.touched {
-		if d.touchedFrom[k].svc != "" && d.next[k].empty() {
-			tx.DelElem(tableMaps[k.m], k.k)
+		if before := d.touchedFrom[k]; before.svc != "" && d.next[k].empty() {
+			d.dGrouped -= len(before.grp)
+			delElem(tx, k, before.grp)
 		}
 	}
 	for _, a := range d.hairpinKeys {
@@ -727,6 +840,7 @@ func (t *Table) commitDiff(hostPorts []HostPort, d *delta) {
 	}
 	t.chains += d.dChains
 	t.rules += d.dRules
+	t.grouped += d.dGrouped
 }
 
 // commitService records an applied change of one ServicePort.
@@ -775,6 +889,30 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 	// through the DNAT: hairpin-endpoints(6) hold `ip . ip` of every
 	// endpoint.
 	matchSet := func(m mapID) MatchSet { return MatchSet{Set: tableMaps[m].Name, Key: tableMaps[m].Key} }
+
+	// The Services DNATed by the shared rules (see maxGroup): traffic to
+	// their cluster IPs from outside the pod CIDR is masqueraded (from
+	// anywhere, for the family the pod CIDR is not), then one rule per
+	// endpoint count and family DNATs.
+	services := make([]Rule, 0, 6+2*maxGroup)
+	for _, v6 := range []bool{false, true} {
+		stmts := []Stmt{matchSet(pick(v6, mapClusterIPs, mapClusterIPs6))}
+		if podCIDR.Addr().Is6() == v6 {
+			stmts = append(stmts, MatchAddr{Not: true, Prefix: podCIDR})
+		}
+		services = append(services, rule(append(stmts, jump(chainMarkMasq))...))
+	}
+	for _, v6 := range []bool{false, true} {
+		for k := 1; k <= maxGroup; k++ {
+			services = append(services, rule(DNATMap{Map: endpointsMapName(v6, k), V6: v6, Mod: uint32(k)}))
+		}
+	}
+	services = append(services,
+		rule(lookup(mapServiceIPs)),
+		rule(lookup(mapServiceIPs6)),
+		rule(local, notLoopback4, lookup(mapServiceNodePorts)),
+		rule(local, notLoopback6, lookup(mapServiceNodePorts)),
+	)
 	post := []Rule{
 		rule(MatchDNATed{}, matchSet(mapHairpin), jump(chainMarkMasq)),
 		rule(MatchDNATed{}, matchSet(mapHairpin6), jump(chainMarkMasq)),
@@ -805,12 +943,7 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 			rule(jump(chainServices)),
 		),
 		base(natPostrouting, ChainTypeNAT, HookPostrouting, prioritySNAT, post...),
-		regular(chainServices,
-			rule(lookup(mapServiceIPs)),
-			rule(lookup(mapServiceIPs6)),
-			rule(local, notLoopback4, lookup(mapServiceNodePorts)),
-			rule(local, notLoopback6, lookup(mapServiceNodePorts)),
-		),
+		regular(chainServices, services...),
 		regular(chainServiceEndpointsCheck,
 			rule(lookup(mapNoEndpointServices)),
 			rule(lookup(mapNoEndpointServices6)),

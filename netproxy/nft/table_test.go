@@ -147,6 +147,65 @@ func opTouches(op Op, sp netproxy.ServicePort) bool {
 
 // TestSyncNoChange: a Sync with the same State applies nothing; a
 // duplicate ServicePort is ignored (the first counts).
+// TestSyncGroupedElementsOnly: adding, changing and deleting a ClusterIP
+// Service with up to maxGroup endpoints sends map elements only, which
+// the kernel does not check the table for; one that grows past maxGroup
+// gets its own chains, and one that shrinks again loses them.
+func TestSyncGroupedElementsOnly(t *testing.T) {
+	base := genState(40)
+	extra := genService(41) // no NodePort
+	extra.ClusterIPs = append(extra.ClusterIPs, ip("fd00:96::41"))
+	extra.Endpoints = append(extra.Endpoints, ready(ip("fd00:42::41"), 8080, false))
+	fewer := extra
+	fewer.Endpoints = slices.Clone(extra.Endpoints[1:])
+	replaced := extra
+	replaced.Endpoints = slices.Clone(extra.Endpoints)
+	replaced.Endpoints[2].Addr = ip("10.64.9.9")
+	many := extra
+	many.Endpoints = nil
+	for i := range maxGroup + 1 {
+		many.Endpoints = append(many.Endpoints, ready(netip.AddrFrom4([4]byte{10, 65, 0, byte(i)}), 8080, false))
+	}
+	f, tb := synced(t, base)
+	for _, step := range []struct {
+		name     string
+		sp       *netproxy.ServicePort
+		elemOnly bool
+	}{
+		{"add", &extra, true},
+		{"one endpoint fewer", &fewer, true},
+		{"one more again", &extra, true},
+		{"one endpoint replaced", &replaced, true},
+		{"past maxGroup", &many, false},
+		{"back under it", &extra, false},
+		{"delete", nil, true},
+	} {
+		s := base
+		if step.sp != nil {
+			s = withServices(base, *step.sp)
+		}
+		if _, err := tb.Sync(s); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		chains := false
+		for _, op := range f.Last() {
+			if op.Kind != OpAddElem && op.Kind != OpDelElem {
+				chains = true
+				if step.elemOnly {
+					t.Errorf("%s: op %s is not an element", step.name, describeOp(op))
+				}
+			}
+		}
+		if !step.elemOnly && !chains {
+			t.Errorf("%s: no chain changed", step.name)
+		}
+		if step.name == "one endpoint replaced" && len(f.Last()) != 4 {
+			t.Errorf("%s: %d ops, want 4 (the endpoint's element deleted and added, a hairpin element added and one deleted)", step.name, len(f.Last()))
+		}
+		checkEqualsFull(t, f, tb, s)
+	}
+}
+
 func TestSyncNoChange(t *testing.T) {
 	s := tsState()
 	f, tb := synced(t, s)

@@ -184,6 +184,12 @@ func (st *traceState) clone() *traceState {
 
 func (st *traceState) v6() bool { return st.dst.Is6() }
 
+// dnat sends the packet to d.
+func (st *traceState) dnat(d netip.AddrPort) {
+	st.dst, st.port, st.dnated, st.natted = d.Addr(), d.Port(), true, true
+	st.out.DNAT = d
+}
+
 func (st *traceState) enter(chain string) {
 	st.out.Chains = append(st.out.Chains, chain)
 }
@@ -349,7 +355,7 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 			if !ok {
 				return ruleResult{}, nil
 			}
-			return ruleResult{verdict: &v}, nil
+			return ruleResult{verdict: &v.Verdict}, nil
 		case MatchRandom:
 			if s.Mod > 1 {
 				// Both ways happen: this copy goes on with the next
@@ -364,10 +370,17 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 			if m == nil {
 				return ruleResult{}, fmt.Errorf("set %s: no such set", s.Set)
 			}
-			if st.v6() != (s.Key == KeyAddr6Pair) {
+			k := MapKey{Addr: st.src, Addr2: st.dst}
+			v6, ok := addrProtoPortKey(s.Key)
+			if ok {
+				k = MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port}
+			} else {
+				v6 = s.Key == KeyAddr6Pair
+			}
+			if st.v6() != v6 {
 				return ruleResult{}, nil
 			}
-			if _, ok := m.elems[MapKey{Addr: st.src, Addr2: st.dst}]; !ok {
+			if _, ok := m.elems[k]; !ok {
 				return ruleResult{}, nil
 			}
 		case SetLookup:
@@ -383,8 +396,42 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 			if s.Addr.Is6() != st.v6() {
 				continue // the kernel's inet nat ignores the other family
 			}
-			st.dst, st.port, st.dnated, st.natted = s.Addr, s.Port, true, true
-			st.out.DNAT = netip.AddrPortFrom(s.Addr, s.Port)
+			st.dnat(netip.AddrPortFrom(s.Addr, s.Port))
+			return traceAccept, nil
+		case DNATMap:
+			if s.V6 != st.v6() {
+				return ruleResult{}, nil // the key's load needs the family
+			}
+			m := tr.t.maps[s.Map]
+			if m == nil {
+				return ruleResult{}, fmt.Errorf("map %s: no such map", s.Map)
+			}
+			// Each draw is followed: those the map has no element for
+			// go on with the next rule together, the others DNAT.
+			var hits []netip.AddrPort
+			for i := range s.Mod {
+				if e, ok := m.elems[MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port, Index: i}]; ok {
+					hits = append(hits, e.data)
+				}
+			}
+			if len(hits) == 0 {
+				return ruleResult{}, nil
+			}
+			share := st.out.Share / float64(s.Mod)
+			if miss := int(s.Mod) - len(hits); miss > 0 {
+				f := st.clone()
+				f.out.Share = share * float64(miss)
+				tr.forks = append(tr.forks, f)
+			}
+			for _, d := range hits[1:] {
+				f := st.clone()
+				f.out.Share = share
+				f.dnat(d)
+				tr.verdict(f, *traceAccept.verdict)
+				tr.forks = append(tr.forks, f)
+			}
+			st.out.Share = share
+			st.dnat(hits[0])
 			return traceAccept, nil
 		case Masquerade:
 			st.out.Masquerade, st.natted = true, true

@@ -485,7 +485,7 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 		return
 	}
 	if got := pbServiceChains(b, nl); got != n {
-		b.Fatalf("after the cold sync the kernel has %d service chains, want %d", got, n)
+		b.Fatalf("after the cold sync the kernel DNATs %d services, want %d", got, n)
 	}
 	b.Logf("outpost: cold sync of %d services: build %v, sync %v", n, row.opCold.build.Round(time.Microsecond), row.opCold.sync.Round(time.Microsecond))
 	times := map[string][]pbTimes{}
@@ -524,8 +524,9 @@ func pbRoundTimes(ts []pbTimes) []time.Duration {
 	return out
 }
 
-// pbServiceChains counts the per-Service chains (service-HASH-ns/name/…)
-// in the outpost table.
+// pbServiceChains counts the Services the outpost table DNATs: those
+// with chains of their own (service-HASH-ns/name/…) and those the shared
+// rules DNAT (their cluster IPs in the set cluster-ips).
 func pbServiceChains(b *testing.B, nl *nft.Netlink) int {
 	b.Helper()
 	c, err := nl.List()
@@ -537,6 +538,13 @@ func pbServiceChains(b *testing.B, nl *nft.Netlink) int {
 		if strings.HasPrefix(ch, "service-") && strings.Contains(ch, "/") {
 			n++
 		}
+	}
+	if slices.Contains(c.Maps, "cluster-ips") {
+		grouped, err := nl.Elements("cluster-ips")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n += grouped
 	}
 	return n
 }
@@ -857,7 +865,7 @@ func (kp *kubeProxy) hasServiceIP(b *testing.B, ip string) bool {
 // namespace of its own, on a private containerd, no pods, with the node
 // identity) against an API server holding 10,000 Services × 5 endpoints
 // (OUTPOST_BENCH_RSS_SERVICES for another number) and reports, once its
-// store holds them all and its nftables table has a chain for each, the
+// store holds them all and its nftables table DNATs each, the
 // time that took from the agent's start (programmed-s), its VmRSS,
 // RssAnon and RssFile at that moment and again after 30 s of steady
 // state, and its peak (VmHWM), in MiB. BENCH_OUTPOST=PATH runs that
@@ -907,7 +915,7 @@ func BenchmarkAgentRSS10kServices(b *testing.B) {
 	}
 	programmed := time.Since(start)
 	if chains != n {
-		b.Errorf("the agent's table has %d service chains %v after its start, want %d; agent log (last lines):\n%s",
+		b.Errorf("the agent's table DNATs %d services %v after its start, want %d; agent log (last lines):\n%s",
 			chains, programmed.Round(time.Second), n, pbAgentLogTail(node))
 	}
 	fields := []string{"VmRSS", "RssAnon", "RssFile", "VmHWM"}
@@ -916,7 +924,7 @@ func BenchmarkAgentRSS10kServices(b *testing.B) {
 	time.Sleep(30 * time.Second)
 	steady := benchProcStatus(b, pid, fields...)
 	if got := pbServiceChains(b, nl); got != chains {
-		b.Logf("%d service chains after the steady state, %d before", got, chains)
+		b.Logf("%d services DNATed after the steady state, %d before", got, chains)
 	}
 	b.Logf("agent %s (pid %d) with %d services: in the store after %v, in the table after %v; "+
 		"then VmRSS %.1f MiB (RssAnon %.1f, RssFile %.1f); after 30 s VmRSS %.1f MiB (RssAnon %.1f, RssFile %.1f: %s); peak VmHWM %.1f MiB",
