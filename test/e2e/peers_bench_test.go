@@ -296,9 +296,15 @@ func peersStartPods(b *testing.B, admin *kube.Client, node, prefix string, gap t
 	}
 	wg.Wait()
 	var ds []time.Duration
+	each := make([]string, peersPods)
 	for n, t := range running {
-		ds = append(ds, t.Sub(answered[n]))
+		d := t.Sub(answered[n])
+		ds = append(ds, d)
+		if i, err := strconv.Atoi(strings.TrimPrefix(n, prefix+"-")); err == nil && i < peersPods {
+			each[i] = fmt.Sprint(d.Milliseconds())
+		}
 	}
+	b.Logf("%s: ms from create to Running, in creation order: %s", prefix, strings.Join(each, " "))
 	slices.Sort(ds)
 	return benchPercentile(ds, 50), benchPercentile(ds, 99)
 }

@@ -81,7 +81,10 @@ func reachAll(t *testing.T, ns, addr string, want ...string) map[string]bool {
 	t.Helper()
 	seen, clients := map[string]bool{}, map[string]bool{}
 	var last string
-	for i := 0; i < 200 && len(seen) < len(want); i++ {
+	// A time, not a number of tries: a backend that just turned ready
+	// comes in at its next readiness probe (up to a period, 1 s here,
+	// and the proxy's sync), however fast the requests are.
+	for deadline := time.Now().Add(10 * time.Second); len(seen) < len(want) && time.Now().Before(deadline); {
 		name, client, code := who(ns, addr)
 		if code != 0 {
 			last = fmt.Sprintf("exit %d", code)
