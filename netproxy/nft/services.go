@@ -151,15 +151,7 @@ func renderService(key string, sp *netproxy.ServicePort, podCIDR netip.Prefix, o
 
 	// Map elements, each key once (the first wins).
 	n0 := len(o.elems)
-	add := func(m mapID, k MapKey, v Verdict) {
-		ek := elemID{m: m, k: k}
-		for _, el := range o.elems[n0:] {
-			if el.key == ek {
-				return
-			}
-		}
-		o.elems = append(o.elems, elem{key: ek, v: v})
-	}
+	add := func(m mapID, k MapKey, v Verdict) { o.addElem(n0, elem{key: elemID{m: m, k: k}, v: v}) }
 	noEndpoints := func(some bool) Verdict {
 		if some {
 			return Verdict{Kind: VerdictDrop}
@@ -238,6 +230,17 @@ func (r *svcRender) fitsGroup(idx []int) bool {
 	return n6 <= maxGroup && len(idx)-n6 <= maxGroup
 }
 
+// addElem appends e to o's elements unless one of those from n0 on (one
+// ServicePort's) has its key already: the first wins.
+func (o *objects) addElem(n0 int, e elem) {
+	for _, el := range o.elems[n0:] {
+		if el.key == e.key {
+			return
+		}
+	}
+	o.elems = append(o.elems, e)
+}
+
 // renderGrouped appends what a ServicePort DNATed by the shared rules
 // wants (see maxGroup), elements only: per ClusterIP whose family has k
 // usable endpoints, its key in cluster-ips(6), which comes with one
@@ -250,14 +253,7 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 		o.hairpin = append(o.hairpin, r.addr(i))
 	}
 	n0 := len(o.elems)
-	add := func(e elem) {
-		for _, el := range o.elems[n0:] {
-			if el.key == e.key {
-				return
-			}
-		}
-		o.elems = append(o.elems, e)
-	}
+	add := func(e elem) { o.addElem(n0, e) }
 	sp := r.sp
 	for _, ip := range sp.ClusterIPs {
 		ip = ip.Unmap()
