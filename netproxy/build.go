@@ -68,99 +68,45 @@ func (p *LocalPod) conditions() (ready, serving, terminating bool) {
 // matches. Either way, an endpoint that is a local pod has the
 // conditions the agent sees now, not those of a possibly stale slice.
 func Build(in Inputs) ([]ServicePort, []error) {
-	return BuildCached(in, nil)
-}
-
-// BuildCache keeps what Build made of each Service from the API server,
-// so that a sync in which few objects changed builds only those. A
-// Service is built again when it or one of its EndpointSlices changed
-// (Inputs from store.Collection.ListCached hold the same object while
-// its stored bytes are the same), when the local pods or their addresses
-// changed, and every time one of its endpoints is a local pod, whose
-// readiness may have changed since. A standalone Service selects local
-// pods and is built every time. The zero value is ready to use; a
-// BuildCache is for one goroutine at a time.
-type BuildCache struct {
-	pods    string // node name and podIndex.key of the last Build
-	gen     uint64
-	entries map[string]*buildEntry // by namespace/name
-}
-
-type buildEntry struct {
-	svc    *corev1.Service
-	slices []*discoveryv1.EndpointSlice
-	ports  []ServicePort
-	names  []string // ports[i].String()
-	errs   []error
-	gen    uint64
-}
-
-// BuildCached is Build, reusing from cache (when not nil) what did not
-// change since the last call with it. What it returns shares memory with
-// the cache: treat it as read-only.
-func BuildCached(in Inputs, cache *BuildCache) ([]ServicePort, []error) {
 	pods := newPodIndex(in.LocalPods)
 	slicesOf := indexSlices(in.Slices)
-	if cache != nil {
-		cache.gen++
-		if k := in.Node + "\x02" + pods.key(); k != cache.pods || cache.entries == nil {
-			cache.pods, cache.entries = k, map[string]*buildEntry{}
-		}
-	}
 	// Most Services have one port.
 	out := make([]ServicePort, 0, len(in.Services))
 	names := make([]string, 0, len(in.Services))
 	var errs []error
 	for _, rec := range in.Services {
-		svc := rec.Object
-		if svc == nil {
+		if rec.Object == nil {
 			continue
 		}
-		b := builder{in: &in, pods: pods, svc: svc, key: store.Key(svc.Namespace, svc.Name)}
-		if rec.Source == store.SourceAPI || rec.Source == store.SourceMQTT {
+		b := newBuilder(in.Node, pods, rec)
+		if !b.standalone {
 			b.slices = slicesOf[b.key]
-		} else {
-			b.standalone = true
 		}
-		if cache != nil && !b.standalone {
-			if e := cache.entries[b.key]; e != nil && e.svc == svc && slices.Equal(e.slices, b.slices) {
-				e.gen = cache.gen
-				out, names, errs = append(out, e.ports...), append(names, e.names...), append(errs, e.errs...)
-				continue
-			}
+		for _, sp := range b.build() {
+			out, names = append(out, sp), append(names, sp.String())
 		}
-		ports := b.build()
-		first := len(names)
-		for i := range ports {
-			names = append(names, ports[i].String())
-		}
-		out, errs = append(out, ports...), append(errs, b.errs...)
-		if cache != nil && !b.standalone && !b.local {
-			cache.entries[b.key] = &buildEntry{svc: svc, slices: b.slices, ports: ports, names: names[first:len(names):len(names)], errs: b.errs, gen: cache.gen}
-		}
+		errs = append(errs, b.errs...)
 	}
-	if cache != nil {
-		for k, e := range cache.entries {
-			if e.gen != cache.gen {
-				delete(cache.entries, k)
-			}
-		}
-	}
-	// Sorted by String(), each computed once. The store lists Services
-	// by namespace and name, so they often are already.
+	return sortPorts(out, names), errs
+}
+
+// sortPorts sorts ports by their String(), names[i] being ports[i]'s,
+// each computed once. The store lists Services by namespace and name, so
+// they often are already.
+func sortPorts(ports []ServicePort, names []string) []ServicePort {
 	if slices.IsSorted(names) {
-		return out, errs
+		return ports
 	}
-	order := make([]int, len(out))
+	order := make([]int, len(ports))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(names[a], names[b]) })
-	sorted := make([]ServicePort, len(out))
+	sorted := make([]ServicePort, len(ports))
 	for i, j := range order {
-		sorted[i] = out[j]
+		sorted[i] = ports[j]
 	}
-	return sorted, errs
+	return sorted
 }
 
 // indexSlices groups the EndpointSlices by the Service they belong to
@@ -186,9 +132,17 @@ func indexSlices(recs []store.Record[*discoveryv1.EndpointSlice]) map[string][]*
 	return bySvc
 }
 
+// newBuilder returns the builder of the Service rec on node; the caller
+// sets the slices of one from the API server or MQTT.
+func newBuilder(node string, pods *podIndex, rec store.Record[*corev1.Service]) builder {
+	svc := rec.Object
+	return builder{node: node, pods: pods, svc: svc, key: store.Key(svc.Namespace, svc.Name),
+		standalone: rec.Source != store.SourceAPI && rec.Source != store.SourceMQTT}
+}
+
 // builder builds the ports of one Service.
 type builder struct {
-	in         *Inputs
+	node       string
 	pods       *podIndex
 	svc        *corev1.Service
 	key        string // namespace/name
@@ -397,7 +351,7 @@ func (b *builder) sliceEndpoint(ns string, se *discoveryv1.Endpoint, port uint16
 		Port:        port,
 		Ready:       c.Ready == nil || *c.Ready,
 		Terminating: c.Terminating != nil && *c.Terminating,
-		Local:       b.in.Node != "" && se.NodeName != nil && *se.NodeName == b.in.Node,
+		Local:       b.node != "" && se.NodeName != nil && *se.NodeName == b.node,
 	}
 	e.Serving = e.Ready
 	if c.Serving != nil {

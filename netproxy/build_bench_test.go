@@ -11,10 +11,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// BenchmarkBuildCachedAddOne: with N API Services × 5 endpoints built
-// once into a BuildCache, one op is the BuildCached that finds one
-// Service more (what the proxy builds for one Service added).
-func BenchmarkBuildCachedAddOne(b *testing.B) {
+// BenchmarkIndexAddOne: with N API Services × 5 endpoints in an Index,
+// one op is adding one Service and its slice and building (what the
+// proxy builds for one Service added).
+func BenchmarkIndexAddOne(b *testing.B) {
 	ptr := func(v bool) *bool { return &v }
 	svc := func(i int) store.Record[*corev1.Service] {
 		return store.Record[*corev1.Service]{Source: store.SourceAPI, Object: &corev1.Service{
@@ -41,20 +41,24 @@ func BenchmarkBuildCachedAddOne(b *testing.B) {
 	}
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			base := Inputs{Node: "node"}
+			x := NewIndex("node")
 			for i := range n {
-				base.Services = append(base.Services, svc(i))
-				base.Slices = append(base.Slices, slice(i))
+				x.PutService(svc(i))
+				x.PutSlice(slice(i).Object)
 			}
-			added := base
-			added.Services = append(base.Services[:n:n], svc(n))
-			added.Slices = append(base.Slices[:n:n], slice(n))
-			var cache BuildCache
+			x.Build(nil)
+			added, addedSlice := svc(n), slice(n).Object
 			for b.Loop() {
+				x.PutService(added)
+				x.PutSlice(addedSlice)
+				if ch, _ := x.Build(nil); len(ch) != 1 {
+					b.Fatalf("Build = %d changes, want 1", len(ch))
+				}
 				b.StopTimer()
-				BuildCached(base, &cache)
+				x.DeleteService("bench/" + added.Object.Name)
+				x.DeleteSlice("bench/" + addedSlice.Name)
+				x.Build(nil)
 				b.StartTimer()
-				BuildCached(added, &cache)
 			}
 		})
 	}

@@ -2,8 +2,10 @@ package netproxy
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -695,11 +697,12 @@ func TestBuildLeavesInputsAlone(t *testing.T) {
 	}
 }
 
-// TestBuildCachedMatchesBuild: through a random run of changes to
-// Services, slices and local pods (readiness, deletion, addresses, a pod
-// taking a remote endpoint's address), BuildCached with one cache builds
-// what Build builds from scratch.
-func TestBuildCachedMatchesBuild(t *testing.T) {
+// TestIndexMatchesBuild: through a random run of changes to Services,
+// slices and local pods (readiness, deletion, addresses, a pod taking a
+// remote endpoint's address), an Index told only what changed builds what
+// Build builds from scratch, and the changes it returns turn what it
+// returned before into that.
+func TestIndexMatchesBuild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ports := []corev1.ServicePort{svcPort("http", corev1.ProtocolTCP, 80)}
 	slicePorts := []discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080)}
@@ -738,7 +741,9 @@ func TestBuildCachedMatchesBuild(t *testing.T) {
 	for _, a := range []int{0, 2, 4} {
 		pods[a] = localPod(fmt.Sprintf("p%d", a), map[string]string{"app": "web"}, true, addr(a))
 	}
-	var cache BuildCache
+	x := NewIndex(node)
+	applied := map[string]ServicePort{}
+	var last Inputs
 	for step := range 400 {
 		switch k := rng.IntN(7); {
 		case k == 0:
@@ -787,44 +792,103 @@ func TestBuildCachedMatchesBuild(t *testing.T) {
 				in.LocalPods = append(in.LocalPods, lp)
 			}
 		}
-		got, gotErrs := BuildCached(in, &cache)
-		want, wantErrs := Build(in)
-		if dump(got) != dump(want) || fmt.Sprint(gotErrs) != fmt.Sprint(wantErrs) {
-			t.Fatalf("step %d: BuildCached:\n%s%v\nBuild:\n%s%v", step, dump(got), gotErrs, dump(want), wantErrs)
+		feedIndex(x, last, in)
+		last = in
+		changes, _ := x.Build(in.LocalPods)
+		for _, c := range changes {
+			if c.Port == nil {
+				delete(applied, c.Key)
+			} else {
+				applied[c.Key] = *c.Port
+			}
 		}
-	}
-	if len(cache.entries) == 0 {
-		t.Errorf("nothing cached")
+		got := x.Ports()
+		want, _ := Build(in)
+		if dump(got) != dump(want) {
+			t.Fatalf("step %d: Index:\n%sBuild:\n%s", step, dump(got), dump(want))
+		}
+		var fromChanges []ServicePort
+		for _, k := range slices.Sorted(maps.Keys(applied)) {
+			fromChanges = append(fromChanges, applied[k])
+		}
+		if dump(fromChanges) != dump(want) {
+			t.Fatalf("step %d: the changes add up to:\n%sBuild:\n%s", step, dump(fromChanges), dump(want))
+		}
+		if x.Len() != len(want) {
+			t.Fatalf("step %d: Len = %d, want %d", step, x.Len(), len(want))
+		}
 	}
 }
 
-// BuildCached builds a Service again only when something it depends on
-// changed.
-func TestBuildCachedReuses(t *testing.T) {
+// feedIndex tells x what changed from prev to cur, as the proxy does from
+// the store's Feed: the records whose object is another one.
+func feedIndex(x *Index, prev, cur Inputs) {
+	svcs := map[string]*corev1.Service{}
+	for _, r := range cur.Services {
+		k := store.Key(r.Object.Namespace, r.Object.Name)
+		svcs[k] = r.Object
+		if !slices.ContainsFunc(prev.Services, func(p store.Record[*corev1.Service]) bool { return p.Object == r.Object }) {
+			x.PutService(r)
+		}
+	}
+	for _, r := range prev.Services {
+		if k := store.Key(r.Object.Namespace, r.Object.Name); svcs[k] == nil {
+			x.DeleteService(k)
+		}
+	}
+	sls := map[string]*discoveryv1.EndpointSlice{}
+	for _, r := range cur.Slices {
+		sls[store.Key(r.Object.Namespace, r.Object.Name)] = r.Object
+		if !slices.ContainsFunc(prev.Slices, func(p store.Record[*discoveryv1.EndpointSlice]) bool { return p.Object == r.Object }) {
+			x.PutSlice(r.Object)
+		}
+	}
+	for _, r := range prev.Slices {
+		if k := store.Key(r.Object.Namespace, r.Object.Name); sls[k] == nil {
+			x.DeleteSlice(k)
+		}
+	}
+}
+
+// TestIndexBuildsOnlyWhatChanged: an Index builds a Service again only
+// when something it depends on changed.
+func TestIndexBuildsOnlyWhatChanged(t *testing.T) {
 	ports := []corev1.ServicePort{svcPort("", corev1.ProtocolTCP, 80)}
 	slicePorts := []discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)}
 	remote := service("remote", []string{"10.96.0.10"}, ports)
 	remoteSl := slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.5", "pi-2"))
 	local := service("local", []string{"10.96.0.11"}, ports)
 	localSl := slice("local-1", "local", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.0.5", node))
-	in := Inputs{Node: node, Services: fromAPI(local, remote), Slices: sliceRecords(localSl, remoteSl),
-		LocalPods: []LocalPod{localPod("a", nil, true, "10.244.0.5")}}
-	var cache BuildCache
-	first, _ := BuildCached(in, &cache)
-	in.LocalPods[0].Ready = false
-	second, _ := BuildCached(in, &cache)
-	if len(first) != 2 || len(second) != 2 || first[0].Name != "local" || first[1].Name != "remote" {
-		t.Fatalf("BuildCached = %s, then %s", dump(first), dump(second))
+	pods := []LocalPod{localPod("a", nil, true, "10.244.0.5")}
+	x := NewIndex(node)
+	for _, r := range fromAPI(local, remote) {
+		x.PutService(r)
 	}
-	if &first[1].Endpoints[0] != &second[1].Endpoints[0] {
-		t.Errorf("remote: built again though nothing of it changed")
+	x.PutSlice(localSl)
+	x.PutSlice(remoteSl)
+	first, _ := x.Build(pods)
+	if len(first) != 2 || first[0].Port == nil || first[0].Port.Name != "local" || first[1].Port == nil || first[1].Port.Name != "remote" {
+		t.Fatalf("first Build = %+v", first)
 	}
-	if second[0].Endpoints[0].Ready {
+	pods[0].Ready = false
+	second, _ := x.Build(pods)
+	if len(second) != 1 || second[0].Port == nil || second[0].Port.Name != "local" {
+		t.Fatalf("after a local pod's readiness changed, Build = %+v, want local only", second)
+	}
+	if second[0].Port.Endpoints[0].Ready {
 		t.Errorf("local: its pod's readiness went, the endpoint is still ready")
 	}
-	in.Slices = sliceRecords(localSl, slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.6", "pi-2")))
-	third, _ := BuildCached(in, &cache)
-	if got := third[1].Endpoints[0].Addr.String(); got != "10.244.1.6" {
-		t.Errorf("remote: its slice changed to 10.244.1.6, endpoint is %s", got)
+	x.PutSlice(slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.6", "pi-2")))
+	third, _ := x.Build(pods)
+	if len(third) != 2 || third[1].Port == nil || third[1].Port.Endpoints[0].Addr.String() != "10.244.1.6" {
+		t.Errorf("after remote's slice changed to 10.244.1.6, Build = %+v", third)
+	}
+	x.DeleteService("default/remote")
+	fourth, _ := x.Build(pods)
+	if len(fourth) != 2 || fourth[1].Key != "default/remote/tcp/80" || fourth[1].Port != nil {
+		t.Errorf("after remote was deleted, Build = %+v", fourth)
+	}
+	if got := x.Ports(); len(got) != 1 || got[0].Name != "local" {
+		t.Errorf("Ports = %s", dump(got))
 	}
 }

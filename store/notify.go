@@ -26,9 +26,15 @@ func (s *Store) Subscribe(kinds ...Kind) (ch <-chan struct{}, cancel func()) {
 	}
 }
 
-func (s *Store) notify(k Kind) {
+// notify wakes the subscribers of kind k after a write that changed the
+// objects under keys (of the kinds that have keys), recording the keys
+// in the kind's Feeds first.
+func (s *Store) notify(k Kind, keys ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, f := range s.feeds[k] {
+		f.add(k, keys)
+	}
 	for _, c := range s.subs[k] {
 		select {
 		case c <- struct{}{}:

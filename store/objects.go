@@ -140,7 +140,7 @@ func (c Collection[T, P]) put(src Source, obj P) (bool, error) {
 		return b.Put([]byte(key), val)
 	})
 	if changed && err == nil {
-		c.s.notify(c.kind)
+		c.s.notify(c.kind, key)
 	}
 	return changed, err
 }
@@ -251,7 +251,7 @@ func (c Collection[T, P]) Delete(namespace, name string) (bool, error) {
 		return b.Delete(key)
 	})
 	if found && err == nil {
-		c.s.notify(c.kind)
+		c.s.notify(c.kind, string(key))
 	}
 	return found, err
 }
@@ -289,20 +289,23 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 		return 0, errors.Join(append(errs, conflicts...)...)
 	}
 	var changed int
+	var keys []string
 	err := c.s.batch(func(tx *bolt.Tx) error {
 		stale, puts, conf := c.replaceDiff(tx, src, vals)
-		changed, conflicts = 0, conf
+		changed, conflicts, keys = 0, conf, keys[:0]
 		b := tx.Bucket(c.kind.bucket())
 		for _, k := range stale {
 			if err := b.Delete(k); err != nil {
 				return err
 			}
+			keys = append(keys, string(k))
 			changed++
 		}
 		for _, k := range puts {
 			if err := b.Put([]byte(k), vals[k]); err != nil {
 				return err
 			}
+			keys = append(keys, k)
 			changed++
 		}
 		return nil
@@ -311,7 +314,7 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 		return 0, err
 	}
 	if changed > 0 {
-		c.s.notify(c.kind)
+		c.s.notify(c.kind, keys...)
 	}
 	return changed, errors.Join(append(errs, conflicts...)...)
 }

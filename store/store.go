@@ -66,8 +66,9 @@ type Store struct {
 	db   *bolt.DB
 	path string
 
-	mu   sync.Mutex
-	subs map[Kind][]chan struct{}
+	mu    sync.Mutex
+	subs  map[Kind][]chan struct{}
+	feeds map[Kind][]*Feed
 
 	writes writeStats // commits and bytes written, for metrics
 }
@@ -106,7 +107,7 @@ func Open(path string, opts Options) (s *Store, err error) {
 	case err != nil:
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	s = &Store{db: db, path: path, subs: map[Kind][]chan struct{}{}}
+	s = &Store{db: db, path: path, subs: map[Kind][]chan struct{}{}, feeds: map[Kind][]*Feed{}}
 	if err := s.init(opts); err != nil {
 		db.Close()
 		return nil, err

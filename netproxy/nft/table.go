@@ -645,11 +645,6 @@ func (d *delta) unit(svc string, old, cur *objects, applied map[elemID]claims) {
 // (hostPorts, services) with the same pod CIDR.
 func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
 	t.gen++
-	type change struct {
-		key string
-		old *svcEntry
-		cur *netproxy.ServicePort
-	}
 	var changes []change
 	var added map[string]bool
 	for i := range services {
@@ -687,6 +682,68 @@ func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) 
 			changes = append(changes, change{k, e, nil})
 		}
 	}
+	return t.applyDiff(hostPorts, changes)
+}
+
+// change is one ServicePort's change: added (old nil), removed (cur nil)
+// or changed.
+type change struct {
+	key string
+	old *svcEntry
+	cur *netproxy.ServicePort
+}
+
+// Update applies changes to the ServicePorts, and hostPorts, as Sync
+// would with the last applied state so changed, but without going over
+// the ServicePorts that did not change: what it costs depends on what
+// changed, not on how many there are. Each change names a ServicePort by
+// its String() and holds its new value, or nil when it is gone; a change
+// to the value last applied is no change, and of two with the same key
+// the first counts. A Table that must sync in full (Full) refuses it.
+func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops int, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.full {
+		return 0, fmt.Errorf("update table %s: the table needs a full sync", netproxy.TableName)
+	}
+	hostPorts, err = normalize(hostPorts)
+	if err != nil {
+		return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+	}
+	var diff []change
+	seen := make(map[string]bool, len(changes))
+	for _, c := range changes {
+		if seen[c.Key] {
+			continue
+		}
+		seen[c.Key] = true
+		e := t.services[c.Key]
+		if c.Port == nil {
+			if e != nil {
+				diff = append(diff, change{c.Key, e, nil})
+			}
+			continue
+		}
+		if t.keyBuf = appendKey(t.keyBuf[:0], c.Port); string(t.keyBuf) != c.Key {
+			return 0, fmt.Errorf("update table %s: service port %s given as %q", netproxy.TableName, t.keyBuf, c.Key)
+		}
+		if e != nil && equalServicePort(&e.sp, c.Port) {
+			continue
+		}
+		if err := checkServicePort(c.Port); err != nil {
+			return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+		}
+		diff = append(diff, change{c.Key, e, c.Port})
+	}
+	ops, err = t.applyDiff(hostPorts, diff)
+	if err != nil {
+		return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+	}
+	return ops, nil
+}
+
+// applyDiff applies changes, and hostPorts, to the last applied state.
+func (t *Table) applyDiff(hostPorts []HostPort, changes []change) (int, error) {
 	fixedChanged := !slices.Equal(hostPorts, t.hostPorts)
 	if len(changes) == 0 && !fixedChanged {
 		return 0, nil

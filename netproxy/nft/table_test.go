@@ -427,6 +427,54 @@ func TestSyncRandom(t *testing.T) {
 	}
 }
 
+// TestUpdateRandom: through a fixed-seed sequence of random States,
+// Update given the ServicePorts of each (all of them, duplicates
+// included, some changing nothing) and those gone since the last leaves
+// the table equal to a full sync's.
+func TestUpdateRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	f := NewFake()
+	tb := NewTable(f)
+	if _, err := tb.Update(nil, nil); err == nil {
+		t.Fatalf("Update before the first Sync: no error")
+	}
+	var prev State
+	for step := range 200 {
+		s := randomState(rng)
+		if step == 0 || rng.IntN(20) == 0 {
+			if _, err := tb.Sync(s); err != nil {
+				t.Fatalf("step %d: sync: %v", step, err)
+			}
+			checkEqualsFull(t, f, tb, s)
+			prev = s
+			continue
+		}
+		var changes []netproxy.PortChange
+		cur := map[string]bool{}
+		for i := range s.Services {
+			k := s.Services[i].String()
+			cur[k] = true
+			changes = append(changes, netproxy.PortChange{Key: k, Port: &s.Services[i]})
+		}
+		for _, sp := range prev.Services {
+			if k := sp.String(); !cur[k] {
+				changes = append(changes, netproxy.PortChange{Key: k})
+				cur[k] = true
+			}
+		}
+		rng.Shuffle(len(changes), func(i, j int) { changes[i], changes[j] = changes[j], changes[i] })
+		if _, err := tb.Update(s.HostPorts, changes); err != nil {
+			t.Fatalf("step %d: update: %v", step, err)
+		}
+		checkEqualsFull(t, f, tb, s)
+		prev = s
+	}
+	bad := netproxy.ServicePort{Namespace: "ns", Name: "x", Protocol: "TCP", Port: 80}
+	if _, err := tb.Update(nil, []netproxy.PortChange{{Key: "ns/y/tcp/80", Port: &bad}}); err == nil || !strings.Contains(err.Error(), "ns/x/tcp/80") {
+		t.Errorf("Update with a key that is not the port's: %v", err)
+	}
+}
+
 // randomState draws a State from small pools of names, addresses and
 // ports, so that services come, go, change and collide.
 func randomState(rng *rand.Rand) State {

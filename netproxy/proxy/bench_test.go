@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,52 +17,13 @@ import (
 
 // BenchmarkSyncUnchanged is what one sync costs with N API Services × 5
 // endpoints in the store and nothing changed: what every pod status change
-// costs the proxy (read and decode the store, Build, compare).
+// costs the proxy.
 func BenchmarkSyncUnchanged(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			st, err := store.Open(filepath.Join(b.TempDir(), store.FileName), store.Options{NodeName: node})
-			if err != nil {
-				b.Fatal(err)
-			}
+			st, p := benchProxy(b, n)
 			defer st.Close()
-			svcs := make([]*corev1.Service, n)
-			slices := make([]*discoveryv1.EndpointSlice, n)
-			for i := range n {
-				name := fmt.Sprintf("svc-%d", i)
-				svcs[i] = &corev1.Service{
-					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: "u"},
-					Spec: corev1.ServiceSpec{ClusterIP: netip.AddrFrom4([4]byte{10, 43, byte(i >> 8), byte(i)}).String(),
-						Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
-				}
-				sl := &discoveryv1.EndpointSlice{
-					ObjectMeta:  metav1.ObjectMeta{Name: name + "-x", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-					AddressType: discoveryv1.AddressTypeIPv4,
-					Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
-				}
-				for e := range 5 {
-					sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
-						Addresses:  []string{netip.AddrFrom4([4]byte{10, 44, byte(i >> 6), byte(i<<2 | e)}).String()},
-						Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
-					})
-				}
-				slices[i] = sl
-			}
-			if _, err := st.Services().Replace(store.SourceAPI, svcs); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := st.EndpointSlices().Replace(store.SourceAPI, slices); err != nil {
-				b.Fatal(err)
-			}
-			p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nft.NewFake()})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := p.Sync(); err != nil {
-				b.Fatal(err)
-			}
 			b.ReportAllocs()
-			b.ResetTimer()
 			for b.Loop() {
 				if err := p.Sync(); err != nil {
 					b.Fatal(err)
@@ -69,4 +31,130 @@ func BenchmarkSyncUnchanged(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkSyncOneService is what the sync after one store write costs
+// with N API Services × 5 endpoints (on the Fake ruleset: the kernel's
+// part is in nft's BenchmarkNetlinkUpdateOne): one Service and its slice
+// added, the slice changed, the Service and its slice deleted; the store
+// writes are not timed.
+func BenchmarkSyncOneService(b *testing.B) {
+	for _, n := range []int{100, 1000, 10000} {
+		st, p := benchProxy(b, n)
+		svc, sl := benchService(n)
+		changed := sl.DeepCopy()
+		changed.Endpoints = changed.Endpoints[1:]
+		steps := []struct {
+			op    string
+			write func() error
+		}{
+			{"add", func() error {
+				if err := st.Services().Put(store.SourceAPI, svc); err != nil {
+					return err
+				}
+				return st.EndpointSlices().Put(store.SourceAPI, sl)
+			}},
+			{"change", func() error { return st.EndpointSlices().Put(store.SourceAPI, changed) }},
+			{"delete", func() error {
+				if _, err := st.Services().Delete(svc.Namespace, svc.Name); err != nil {
+					return err
+				}
+				_, err := st.EndpointSlices().Delete(sl.Namespace, sl.Name)
+				return err
+			}},
+		}
+		for _, step := range steps {
+			b.Run(fmt.Sprintf("%s/%d", step.op, n), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					for _, s := range steps {
+						if s.op == step.op {
+							break
+						}
+						if err := s.write(); err != nil {
+							b.Fatal(err)
+						}
+						if err := p.Sync(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := step.write(); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					if err := p.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					for _, s := range steps[slices.IndexFunc(steps, func(s struct {
+						op    string
+						write func() error
+					}) bool {
+						return s.op == step.op
+					})+1:] {
+						if err := s.write(); err != nil {
+							b.Fatal(err)
+						}
+						if err := p.Sync(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StartTimer()
+				}
+			})
+		}
+		st.Close()
+	}
+}
+
+// benchService is API Service i of the benchmarks (svc-<i>, one TCP port)
+// and its slice of 5 ready endpoints.
+func benchService(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
+	name := fmt.Sprintf("svc-%d", i)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: "u"},
+		Spec: corev1.ServiceSpec{ClusterIP: netip.AddrFrom4([4]byte{10, 43, byte(i >> 8), byte(i)}).String(),
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+	}
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name + "-x", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for e := range 5 {
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{netip.AddrFrom4([4]byte{10, 44, byte(i >> 6), byte(i<<2 | e)}).String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+		})
+	}
+	return svc, sl
+}
+
+// benchProxy is a store with N API Services × 5 endpoints and a proxy
+// on the Fake ruleset that synced them once.
+func benchProxy(b *testing.B, n int) (*store.Store, *Proxy) {
+	st, err := store.Open(filepath.Join(b.TempDir(), store.FileName), store.Options{NodeName: node})
+	if err != nil {
+		b.Fatal(err)
+	}
+	svcs := make([]*corev1.Service, n)
+	sls := make([]*discoveryv1.EndpointSlice, n)
+	for i := range n {
+		svcs[i], sls[i] = benchService(i)
+	}
+	if _, err := st.Services().Replace(store.SourceAPI, svcs); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.EndpointSlices().Replace(store.SourceAPI, sls); err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nft.NewFake()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := p.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return st, p
 }

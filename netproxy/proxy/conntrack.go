@@ -60,11 +60,28 @@ func staleFlows(prev, next map[string]udpPort) []Filter {
 	return slices.Compact(out)
 }
 
-// cleanConntrack deletes the flows the last applied change made stale.
-func (p *Proxy) cleanConntrack(next map[string]udpPort) {
+// cleanConntrack deletes the flows the last applied change made stale:
+// next holds every UDP service port when all is set, else the ports that
+// changed (a zero udpPort for one gone or no longer UDP).
+func (p *Proxy) cleanConntrack(next map[string]udpPort, all bool) {
 	p.mu.Lock()
 	prev := p.usable
-	p.usable = next
+	if all || prev == nil {
+		p.usable = next
+	} else {
+		changed := make(map[string]udpPort, len(next))
+		for k, u := range next {
+			if old, ok := prev[k]; ok {
+				changed[k] = old
+			}
+			if u.port == 0 {
+				delete(prev, k)
+			} else {
+				prev[k] = u
+			}
+		}
+		prev = changed
+	}
 	p.mu.Unlock()
 	if p.deps.Conntrack == nil || prev == nil {
 		return

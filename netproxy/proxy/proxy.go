@@ -19,11 +19,11 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/netproxy"
@@ -109,13 +109,16 @@ type Proxy struct {
 	deps  Deps
 	table *nft.Table
 
-	// syncMu serializes Syncs, which share the decode caches and what
-	// was built from them.
-	syncMu     sync.Mutex
-	svcCache   *store.Cache[*corev1.Service]
-	epsCache   *store.Cache[*discoveryv1.EndpointSlice]
-	podsCache  *store.Cache[*corev1.Pod]
-	buildCache netproxy.BuildCache
+	// syncMu serializes Syncs, which share the feed, the index and the
+	// pods' decode cache.
+	syncMu sync.Mutex
+	// feed has the keys of the Services and EndpointSlices written since
+	// the last sync, which are all the index reads again; index is nil
+	// until the first sync, and after a failed read of the store, when
+	// the next sync reads everything.
+	feed      *store.Feed
+	index     *netproxy.Index
+	podsCache *store.Cache[*corev1.Pod]
 
 	mu     sync.Mutex
 	stats  Stats
@@ -155,8 +158,7 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	}
 	return &Proxy{
 		cfg: cfg, deps: deps, table: nft.NewTable(deps.Ruleset),
-		svcCache:  store.NewCache[*corev1.Service](),
-		epsCache:  store.NewCache[*discoveryv1.EndpointSlice](),
+		feed:      deps.Store.Feed(store.KindService, store.KindEndpointSlice),
 		podsCache: store.NewCache[*corev1.Pod](),
 	}, nil
 }
@@ -168,30 +170,154 @@ func (p *Proxy) Stats() Stats {
 	return p.stats
 }
 
-// Sync reads the store once and applies the difference to the table.
+// Sync reads what changed in the store since the last sync and applies
+// the difference to the table. The first sync, and one after a failed
+// read or too many changes, reads every Service and EndpointSlice; one
+// after a failed apply syncs the whole table. Otherwise what a sync
+// costs depends on what changed, not on how many Services there are.
 func (p *Proxy) Sync() error {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
 	start := p.deps.Clock.Now()
 	full := p.table.Full()
-	state, udp, nsvc, err := p.state()
-	if err != nil {
-		p.record(start, full, 0, 0, err)
-		return err
-	}
-	ops, err := p.table.Sync(state)
-	p.record(start, full, ops, nsvc, err)
+	ops, err := p.sync()
+	p.record(start, full, ops, err)
 	if ops >= bigSync {
 		debug.FreeOSMemory()
 	}
-	if err != nil {
-		return err // "sync table outpost: …"
+	return err // "sync table outpost: …"
+}
+
+func (p *Proxy) sync() (int, error) {
+	keys, all := p.feed.Take()
+	reload := all || p.index == nil
+	if err := p.read(keys, reload); err != nil {
+		p.index = nil // read everything next time
+		return 0, err
 	}
-	p.cleanConntrack(udp)
+	pods, err := p.deps.Store.Pods().ListCached(p.podsCache)
+	if err != nil {
+		return 0, fmt.Errorf("read pods: %w", err)
+	}
+	alloc, err := p.deps.Store.Allocations()
+	if err != nil {
+		return 0, fmt.Errorf("read pod addresses: %w", err)
+	}
+	ipOf := make(map[string]netip.Addr, len(alloc))
+	for ip, owner := range alloc {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			ipOf[owner] = a
+		}
+	}
+	var local []netproxy.LocalPod
+	if p.deps.LocalPods != nil {
+		local, _ = p.deps.LocalPods()
+	} else {
+		for _, r := range pods {
+			if ip, ok := ipOf[string(r.Object.UID)]; ok {
+				local = append(local, netproxy.LocalPod{Pod: r.Object, IPs: []netip.Addr{ip}, Ready: true})
+			}
+		}
+	}
+	changes, errs := p.index.Build(local)
+	for _, err := range errs {
+		p.deps.Log.Debug("service skipped", "err", err)
+	}
+	hps, errs := hostPorts(pods, ipOf)
+	for _, err := range errs {
+		p.deps.Log.Debug("hostPort skipped", "err", err)
+	}
+	if reload || p.table.Full() {
+		ports := p.index.Ports()
+		ops, err := p.table.Sync(nft.State{PodCIDR: p.cfg.PodCIDR, HostPorts: hps, Services: ports})
+		if err != nil {
+			return 0, err
+		}
+		udp := map[string]udpPort{}
+		for i := range ports {
+			if u, ok := udpOf(&ports[i]); ok {
+				udp[ports[i].String()] = u
+			}
+		}
+		p.cleanConntrack(udp, true)
+		return ops, nil
+	}
+	ops, err := p.table.Update(hps, changes)
+	if err != nil {
+		return 0, err
+	}
+	udp := map[string]udpPort{}
+	for _, c := range changes {
+		u, _ := udpOf(c.Port)
+		udp[c.Key] = u // the zero udpPort: gone, or not UDP
+	}
+	p.cleanConntrack(udp, false)
+	return ops, nil
+}
+
+// read brings the index up to date with the store: every Service and
+// EndpointSlice when reload is set, else those under keys.
+func (p *Proxy) read(keys map[store.Kind][]string, reload bool) error {
+	st := p.deps.Store
+	if reload {
+		svcs, err := st.Services().List()
+		if err != nil {
+			return fmt.Errorf("read services: %w", err)
+		}
+		eps, err := st.EndpointSlices().List()
+		if err != nil {
+			return fmt.Errorf("read endpoint slices: %w", err)
+		}
+		p.index = netproxy.NewIndex(p.cfg.Node)
+		for _, r := range svcs {
+			p.index.PutService(r)
+		}
+		for _, r := range eps {
+			p.index.PutSlice(r.Object)
+		}
+		return nil
+	}
+	for _, key := range keys[store.KindService] {
+		ns, name, _ := strings.Cut(key, "/")
+		r, ok, err := st.Services().Get(ns, name)
+		switch {
+		case err != nil:
+			return fmt.Errorf("read service %s: %w", key, err)
+		case ok:
+			p.index.PutService(r)
+		default:
+			p.index.DeleteService(key)
+		}
+	}
+	for _, key := range keys[store.KindEndpointSlice] {
+		ns, name, _ := strings.Cut(key, "/")
+		r, ok, err := st.EndpointSlices().Get(ns, name)
+		switch {
+		case err != nil:
+			return fmt.Errorf("read endpoint slice %s: %w", key, err)
+		case ok:
+			p.index.PutSlice(r.Object)
+		default:
+			p.index.DeleteSlice(key)
+		}
+	}
 	return nil
 }
 
-func (p *Proxy) record(start time.Time, full bool, ops, nsvc int, err error) {
+// udpOf is what conntrack cleanup needs of sp, when sp is UDP.
+func udpOf(sp *netproxy.ServicePort) (udpPort, bool) {
+	if sp == nil || sp.Protocol != "UDP" {
+		return udpPort{}, false
+	}
+	u := udpPort{port: sp.Port, nodePort: sp.NodePort}
+	u.dests = slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
+	for _, e := range sp.Usable(false) {
+		u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
+	}
+	return u, true
+}
+
+func (p *Proxy) record(start time.Time, full bool, ops int, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Syncs++
@@ -205,7 +331,7 @@ func (p *Proxy) record(start time.Time, full bool, ops, nsvc int, err error) {
 		p.stats.LastError = err.Error()
 		return
 	}
-	p.stats.Services = nsvc
+	p.stats.Services = p.index.Len()
 	p.stats.Chains, p.stats.Rules, p.stats.Elements = p.table.Counts()
 }
 
@@ -216,6 +342,7 @@ func (p *Proxy) record(start time.Time, full bool, ops, nsvc int, err error) {
 func (p *Proxy) Run(ctx context.Context) {
 	changes, cancel := p.deps.Store.Subscribe(store.KindService, store.KindEndpointSlice, store.KindPod, store.KindIPAM)
 	defer cancel()
+	defer p.feed.Close()
 	if c, ok := p.deps.Ruleset.(io.Closer); ok {
 		defer c.Close() // the netlink socket kept between syncs
 	}
@@ -286,65 +413,6 @@ func (p *Proxy) settle(ctx context.Context, changes <-chan struct{}) {
 		case <-p.deps.Changed:
 		}
 	}
-}
-
-// state reads the store into the table's desired state. Objects that did
-// not change since the last sync come decoded from the caches.
-func (p *Proxy) state() (nft.State, map[string]udpPort, int, error) {
-	st := p.deps.Store
-	svcs, err := st.Services().ListCached(p.svcCache)
-	if err != nil {
-		return nft.State{}, nil, 0, fmt.Errorf("read services: %w", err)
-	}
-	eps, err := st.EndpointSlices().ListCached(p.epsCache)
-	if err != nil {
-		return nft.State{}, nil, 0, fmt.Errorf("read endpoint slices: %w", err)
-	}
-	pods, err := st.Pods().ListCached(p.podsCache)
-	if err != nil {
-		return nft.State{}, nil, 0, fmt.Errorf("read pods: %w", err)
-	}
-	alloc, err := st.Allocations()
-	if err != nil {
-		return nft.State{}, nil, 0, fmt.Errorf("read pod addresses: %w", err)
-	}
-	ipOf := make(map[string]netip.Addr, len(alloc))
-	for ip, owner := range alloc {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			ipOf[owner] = a
-		}
-	}
-	var local []netproxy.LocalPod
-	if p.deps.LocalPods != nil {
-		local, _ = p.deps.LocalPods()
-	} else {
-		for _, r := range pods {
-			if ip, ok := ipOf[string(r.Object.UID)]; ok {
-				local = append(local, netproxy.LocalPod{Pod: r.Object, IPs: []netip.Addr{ip}, Ready: true})
-			}
-		}
-	}
-	ports, errs := netproxy.BuildCached(netproxy.Inputs{Node: p.cfg.Node, Services: svcs, Slices: eps, LocalPods: local}, &p.buildCache)
-	for _, err := range errs {
-		p.deps.Log.Debug("service skipped", "err", err)
-	}
-	udp := map[string]udpPort{}
-	for _, sp := range ports {
-		if sp.Protocol != "UDP" {
-			continue
-		}
-		u := udpPort{port: sp.Port, nodePort: sp.NodePort}
-		u.dests = slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
-		for _, e := range sp.Usable(false) {
-			u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
-		}
-		udp[sp.String()] = u
-	}
-	hps, errs := hostPorts(pods, ipOf)
-	for _, err := range errs {
-		p.deps.Log.Debug("hostPort skipped", "err", err)
-	}
-	return nft.State{PodCIDR: p.cfg.PodCIDR, HostPorts: hps, Services: ports}, udp, len(ports), nil
 }
 
 // hostPorts lists the hostPorts of the desired pods that have an

@@ -29,8 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/test/e2e/env"
@@ -93,16 +93,16 @@ var pbMemFields = []string{"VmRSS", "RssAnon", "RssFile"}
 //     and each change's the increase of the partial sync histogram's sum
 //     (kubeproxy_sync_partial_proxy_rules_duration_seconds) over the syncs
 //     that change caused;
-//   - outpost runs the same objects (as the API server returned them)
-//     through netproxy.BuildCached (with one BuildCache, as the proxy
-//     loop) and an nft.Table on the kernel, in another fresh network
-//     namespace: the cold Sync, then the same changes.
+//   - outpost's proxy (netproxy/proxy) runs on a store holding the same
+//     objects (as the API server returned them) and programs the kernel
+//     in another fresh network namespace: its first Sync, then one Sync
+//     after the store writes of each change, as its loop runs them.
 //
 // The changes are: add a Service (its EndpointSlice exists already, so
 // kube-proxy syncs once, with its endpoints), change its endpoints (one
 // of five goes), delete it. Each is measured pbReps times; medians are
-// reported. outpost's time is BuildCached plus Table.Sync (the proxy
-// loop's work but reading the store); kube-proxy's is its
+// reported. outpost's time is the proxy's Sync: reading what changed from
+// the store, building it, applying it to the kernel; kube-proxy's is its
 // syncProxyRules, which its min-sync-period (1 s) delays but does not
 // lengthen. The ratio is outpost ÷ kube-proxy. One iteration is the
 // whole run: use -benchtime 1x.
@@ -150,7 +150,7 @@ func BenchmarkProxyVsKubeProxy(b *testing.B) {
 		})
 	}
 	// On stdout: a parent benchmark's log is not printed.
-	fmt.Printf("service proxy, N Services × %d endpoints (outpost = BuildCached + Table.Sync, of which Sync in brackets; kube-proxy = syncProxyRules; medians of %d for one-Service changes):\n%s",
+	fmt.Printf("service proxy, N Services × %d endpoints (outpost = the proxy's Sync, of which the kernel apply in brackets; kube-proxy = syncProxyRules; medians of %d for one-Service changes):\n%s",
 		pbEndpoints, pbReps, pbTable(rows))
 }
 
@@ -195,7 +195,7 @@ func pbTable(rows []pbRow) string {
 	ms := func(d time.Duration) string {
 		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
 	}
-	fmt.Fprintf(&sb, "%8s  %-6s  %22s  %14s  %8s\n", "services", "change", "outpost ms (sync)", "kube-proxy ms", "ratio")
+	fmt.Fprintf(&sb, "%8s  %-6s  %22s  %14s  %8s\n", "services", "change", "outpost ms (apply)", "kube-proxy ms", "ratio")
 	for _, r := range rows {
 		line := func(what string, o pbTimes, k time.Duration) {
 			if r.opErr != nil {
@@ -437,41 +437,36 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 	defer ns.close()
 	nl := nft.NewNetlink(ns.fd)
 	defer nl.Close()
-	tb := nft.NewTable(nl)
-	podCIDR := netip.MustParsePrefix(pbPodCIDR)
-	base := netproxy.Inputs{Node: pbNode}
-	for i := range n {
-		base.Services = append(base.Services, store.Record[*corev1.Service]{Source: store.SourceAPI, Object: c.svcs[i]})
-		base.Slices = append(base.Slices, store.Record[*discoveryv1.EndpointSlice]{Source: store.SourceAPI, Object: c.slices[i]})
+	rs := &pbTimedRuleset{Ruleset: nl}
+	st, err := store.Open(filepath.Join(b.TempDir(), store.FileName), store.Options{NodeName: pbNode})
+	if err != nil {
+		b.Fatal(err)
 	}
-	with := func(svc *corev1.Service, sl *discoveryv1.EndpointSlice) netproxy.Inputs {
-		in := base
-		if svc != nil {
-			in.Services = append(slices.Clip(base.Services), store.Record[*corev1.Service]{Source: store.SourceAPI, Object: svc})
-		}
-		if sl != nil {
-			in.Slices = append(slices.Clip(base.Slices), store.Record[*discoveryv1.EndpointSlice]{Source: store.SourceAPI, Object: sl})
-		}
-		return in
+	defer st.Close()
+	if _, err := st.Services().Replace(store.SourceAPI, c.svcs[:n]); err != nil {
+		b.Fatal(err)
 	}
-	wantPorts := n
-	// The objects that did not change are the same ones from sync to
-	// sync, as the proxy's store caches give them.
-	var cache netproxy.BuildCache
-	syncIn := func(what string, in netproxy.Inputs) (pbTimes, error) {
+	if _, err := st.EndpointSlices().Replace(store.SourceAPI, c.slices[:n]); err != nil {
+		b.Fatal(err)
+	}
+	p, err := proxy.New(proxy.Config{Node: pbNode, PodCIDR: netip.MustParsePrefix(pbPodCIDR)}, proxy.Deps{Store: st, Ruleset: rs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// One timed Sync after the store writes of each step, as the proxy
+	// loop runs it when the store tells it something changed.
+	syncStep := func(what string, wantPorts int) (pbTimes, error) {
+		rs.apply = 0
 		t0 := time.Now()
-		sps, errs := netproxy.BuildCached(in, &cache)
-		t1 := time.Now()
-		if len(errs) > 0 {
-			b.Fatalf("%s: build: %v", what, errors.Join(errs...))
+		err := p.Sync()
+		total := time.Since(t0)
+		if err != nil {
+			return pbTimes{}, fmt.Errorf("%s: sync (after %v): %w", what, total.Round(time.Millisecond), err)
 		}
-		if len(sps) != wantPorts {
-			b.Fatalf("%s: build gave %d service ports, want %d", what, len(sps), wantPorts)
+		if got := p.Stats().Services; got != wantPorts {
+			b.Fatalf("%s: the proxy programs %d service ports, want %d", what, got, wantPorts)
 		}
-		if _, err := tb.Sync(nft.State{PodCIDR: podCIDR, Services: sps}); err != nil {
-			return pbTimes{}, fmt.Errorf("%s: sync %d services (after %v): %w", what, len(sps), time.Since(t1).Round(time.Millisecond), err)
-		}
-		return pbTimes{build: t1.Sub(t0), sync: time.Since(t1)}, nil
+		return pbTimes{build: total - rs.apply, sync: rs.apply}, nil
 	}
 	// A failed sync is reported in the row and the run goes on, so that
 	// kube-proxy's figures and the other sizes are still printed.
@@ -479,41 +474,65 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 		row.opErr = err
 		b.Errorf("outpost: %v", err)
 	}
-	var err error
-	if row.opCold, err = syncIn("cold sync", base); err != nil {
+	if row.opCold, err = syncStep("cold sync", n); err != nil {
 		fail(err)
 		return
 	}
 	if got := pbServiceChains(b, nl); got != n {
 		b.Fatalf("after the cold sync the kernel DNATs %d services, want %d", got, n)
 	}
-	b.Logf("outpost: cold sync of %d services: build %v, sync %v", n, row.opCold.build.Round(time.Microsecond), row.opCold.sync.Round(time.Microsecond))
+	b.Logf("outpost: cold sync of %d services: %v, of which %v applying", n, row.opCold.total().Round(time.Microsecond), row.opCold.sync.Round(time.Microsecond))
+	must := func(err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
 	times := map[string][]pbTimes{}
 	for _, x := range extras {
 		for _, step := range []struct {
 			op    string
 			ports int
-			in    netproxy.Inputs
+			write func()
 		}{
-			{"add", n + 1, with(x.svc, x.slice)},
-			{"change", n + 1, with(x.svc, x.modified)},
-			{"delete", n, with(nil, x.modified)},
+			{"add", n + 1, func() {
+				must(st.EndpointSlices().Put(store.SourceAPI, x.slice))
+				must(st.Services().Put(store.SourceAPI, x.svc))
+			}},
+			{"change", n + 1, func() { must(st.EndpointSlices().Put(store.SourceAPI, x.modified)) }},
+			{"delete", n, func() {
+				_, err := st.Services().Delete(x.svc.Namespace, x.svc.Name)
+				must(err)
+			}},
 		} {
-			wantPorts = step.ports
-			t, err := syncIn(step.op, step.in)
+			step.write()
+			t, err := syncStep(step.op, step.ports)
 			if err != nil {
 				fail(err)
 				return
 			}
 			times[step.op] = append(times[step.op], t)
 		}
+		// Its slice stays, as kube-proxy's does (the API server has it).
 	}
 	for _, op := range pbOps {
 		ts := times[op]
 		slices.SortFunc(ts, func(a, b pbTimes) int { return cmp.Compare(a.total(), b.total()) })
 		row.opOps[op] = ts[len(ts)/2]
-		b.Logf("outpost: %s one service with %d: build+sync %v", op, n, pbRoundTimes(ts))
+		b.Logf("outpost: %s one service with %d: sync %v", op, n, pbRoundTimes(ts))
 	}
+}
+
+// pbTimedRuleset adds up the time its Applies take.
+type pbTimedRuleset struct {
+	nft.Ruleset
+	apply time.Duration
+}
+
+func (r *pbTimedRuleset) Apply(tx *nft.Tx) error {
+	t0 := time.Now()
+	err := r.Ruleset.Apply(tx)
+	r.apply += time.Since(t0)
+	return err
 }
 
 func pbRoundTimes(ts []pbTimes) []time.Duration {
