@@ -794,7 +794,7 @@ func TestIndexMatchesBuild(t *testing.T) {
 		}
 		feedIndex(x, last, in)
 		last = in
-		changes, _ := x.Build(in.LocalPods)
+		changes, _ := buildIndex(x, in)
 		for _, c := range changes {
 			if c.Port == nil {
 				delete(applied, c.Key)
@@ -828,26 +828,45 @@ func feedIndex(x *Index, prev, cur Inputs) {
 		k := store.Key(r.Object.Namespace, r.Object.Name)
 		svcs[k] = r.Object
 		if !slices.ContainsFunc(prev.Services, func(p store.Record[*corev1.Service]) bool { return p.Object == r.Object }) {
-			x.PutService(r)
+			x.ServiceChanged(k, true)
 		}
 	}
 	for _, r := range prev.Services {
 		if k := store.Key(r.Object.Namespace, r.Object.Name); svcs[k] == nil {
-			x.DeleteService(k)
+			x.ServiceChanged(k, false)
 		}
 	}
 	sls := map[string]*discoveryv1.EndpointSlice{}
 	for _, r := range cur.Slices {
-		sls[store.Key(r.Object.Namespace, r.Object.Name)] = r.Object
+		k := store.Key(r.Object.Namespace, r.Object.Name)
+		sls[k] = r.Object
 		if !slices.ContainsFunc(prev.Slices, func(p store.Record[*discoveryv1.EndpointSlice]) bool { return p.Object == r.Object }) {
-			x.PutSlice(r.Object)
+			x.SliceChanged(k, SliceOwner(r.Object))
 		}
 	}
 	for _, r := range prev.Slices {
 		if k := store.Key(r.Object.Namespace, r.Object.Name); sls[k] == nil {
-			x.DeleteSlice(k)
+			x.SliceChanged(k, "")
 		}
 	}
+}
+
+// buildIndex runs x's Pending and Build on the objects of in, giving
+// Build only those Pending named.
+func buildIndex(x *Index, in Inputs) ([]PortChange, []error) {
+	svcKeys, sliceKeys := x.Pending(in.LocalPods)
+	objs := Objects{Services: map[string]store.Record[*corev1.Service]{}, Slices: map[string]store.Record[*discoveryv1.EndpointSlice]{}}
+	for _, r := range in.Services {
+		if k := store.Key(r.Object.Namespace, r.Object.Name); slices.Contains(svcKeys, k) {
+			objs.Services[k] = r
+		}
+	}
+	for _, r := range in.Slices {
+		if k := store.Key(r.Object.Namespace, r.Object.Name); slices.Contains(sliceKeys, k) {
+			objs.Slices[k] = r
+		}
+	}
+	return x.Build(objs)
 }
 
 // TestIndexBuildsOnlyWhatChanged: an Index builds a Service again only
@@ -859,32 +878,36 @@ func TestIndexBuildsOnlyWhatChanged(t *testing.T) {
 	remoteSl := slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.5", "pi-2"))
 	local := service("local", []string{"10.96.0.11"}, ports)
 	localSl := slice("local-1", "local", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.0.5", node))
-	pods := []LocalPod{localPod("a", nil, true, "10.244.0.5")}
+	in := Inputs{Node: node, Services: fromAPI(local, remote), Slices: sliceRecords(localSl, remoteSl),
+		LocalPods: []LocalPod{localPod("a", nil, true, "10.244.0.5")}}
 	x := NewIndex(node)
-	for _, r := range fromAPI(local, remote) {
-		x.PutService(r)
-	}
-	x.PutSlice(localSl)
-	x.PutSlice(remoteSl)
-	first, _ := x.Build(pods)
+	feedIndex(x, Inputs{}, in)
+	first, _ := buildIndex(x, in)
 	if len(first) != 2 || first[0].Port == nil || first[0].Port.Name != "local" || first[1].Port == nil || first[1].Port.Name != "remote" {
 		t.Fatalf("first Build = %+v", first)
 	}
-	pods[0].Ready = false
-	second, _ := x.Build(pods)
+	in.LocalPods[0].Ready = false
+	if svcs, sls := x.Pending(in.LocalPods); !slices.Equal(svcs, []string{"default/local"}) || !slices.Equal(sls, []string{"default/local-1"}) {
+		t.Fatalf("after a local pod's readiness changed, Pending = %q, %q; want default/local and its slice only", svcs, sls)
+	}
+	second, _ := buildIndex(x, in)
 	if len(second) != 1 || second[0].Port == nil || second[0].Port.Name != "local" {
 		t.Fatalf("after a local pod's readiness changed, Build = %+v, want local only", second)
 	}
 	if second[0].Port.Endpoints[0].Ready {
 		t.Errorf("local: its pod's readiness went, the endpoint is still ready")
 	}
-	x.PutSlice(slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.6", "pi-2")))
-	third, _ := x.Build(pods)
+	prev := in
+	in.Slices = sliceRecords(localSl, slice("remote-1", "remote", discoveryv1.AddressTypeIPv4, slicePorts, readyEP("10.244.1.6", "pi-2")))
+	feedIndex(x, prev, in)
+	third, _ := buildIndex(x, in)
 	if len(third) != 2 || third[1].Port == nil || third[1].Port.Endpoints[0].Addr.String() != "10.244.1.6" {
 		t.Errorf("after remote's slice changed to 10.244.1.6, Build = %+v", third)
 	}
-	x.DeleteService("default/remote")
-	fourth, _ := x.Build(pods)
+	prev = in
+	in.Services = fromAPI(local)
+	feedIndex(x, prev, in)
+	fourth, _ := buildIndex(x, in)
 	if len(fourth) != 2 || fourth[1].Key != "default/remote/tcp/80" || fourth[1].Port != nil {
 		t.Errorf("after remote was deleted, Build = %+v", fourth)
 	}

@@ -13,23 +13,27 @@ import (
 
 // Index is the service model kept up to date object by object, so that
 // what a change costs depends on what changed and not on how many
-// Services there are: the proxy puts and deletes the Services and
-// EndpointSlices the store reports changed, and Build builds again only
-// the Services those belong to, plus the few that depend on local pods
-// (a standalone Service, or one with a local endpoint, whose readiness
-// may have changed), and returns the ServicePorts that changed. What it
-// builds is what Build builds from the same objects. An Index is for one
-// goroutine.
+// Services there are. The proxy tells it which Services and
+// EndpointSlices the store reports changed; Pending names the Services
+// the next Build builds (those, plus the few that depend on local pods:
+// a standalone Service, or one with a local endpoint, whose readiness may
+// have changed) and their slices; the proxy reads just those from the
+// store and Build builds them and returns the ServicePorts that changed.
+// It keeps what it built and which slices belong to which Service, not
+// the objects, which the store has: at 10,000 Services the decoded
+// objects would be most of the agent's heap. What it builds is what
+// Build builds from the same objects. An Index is for one goroutine.
 type Index struct {
 	node     string
-	services map[string]store.Record[*corev1.Service] // by namespace/name
-	slices   map[string]*discoveryv1.EndpointSlice    // by the slice's namespace/name
-	owner    map[string]string                        // slice key: the Service key it belongs to
-	bySvc    map[string][]*discoveryv1.EndpointSlice  // by Service key, sorted by name
-	built    map[string]builtService                  // by Service key
-	volatile map[string]struct{}                      // Services built at every Build
-	dirty    map[string]struct{}                      // Services to build at the next Build
-	pods     string                                   // podIndex.key of the last Build
+	services map[string]struct{}     // the keys (namespace/name) of the stored Services
+	owner    map[string]string       // slice key: the key of the Service it belongs to
+	bySvc    map[string][]string     // Service key: its slices' keys, sorted
+	built    map[string]builtService // by Service key
+	volatile map[string]struct{}     // Services built at every Build
+	dirty    map[string]struct{}     // Services to build at the next Build
+	podsKey  string                  // podIndex.key of the last Build
+	pods     *podIndex               // of the last Pending
+	pending  []string                // the Services the next Build builds
 	ports    int
 	started  bool
 }
@@ -47,90 +51,84 @@ type PortChange struct {
 	Port *ServicePort
 }
 
+// Objects are the stored objects a Build reads, by key (namespace/name):
+// those Pending named that the store holds.
+type Objects struct {
+	Services map[string]store.Record[*corev1.Service]
+	Slices   map[string]store.Record[*discoveryv1.EndpointSlice]
+}
+
 // NewIndex returns an empty Index for node (slice endpoints with this
 // nodeName are local).
 func NewIndex(node string) *Index {
 	return &Index{
 		node:     node,
-		services: map[string]store.Record[*corev1.Service]{},
-		slices:   map[string]*discoveryv1.EndpointSlice{},
+		services: map[string]struct{}{},
 		owner:    map[string]string{},
-		bySvc:    map[string][]*discoveryv1.EndpointSlice{},
+		bySvc:    map[string][]string{},
 		built:    map[string]builtService{},
 		volatile: map[string]struct{}{},
 		dirty:    map[string]struct{}{},
 	}
 }
 
-// PutService adds or replaces a Service.
-func (x *Index) PutService(rec store.Record[*corev1.Service]) {
-	if rec.Object == nil {
-		return
+// ServiceChanged records that the Service under key was put (stored
+// true) or deleted.
+func (x *Index) ServiceChanged(key string, stored bool) {
+	if stored {
+		x.services[key] = struct{}{}
+	} else {
+		delete(x.services, key)
 	}
-	key := store.Key(rec.Object.Namespace, rec.Object.Name)
-	x.services[key] = rec
 	x.dirty[key] = struct{}{}
 }
 
-// DeleteService removes the Service stored under key (namespace/name).
-func (x *Index) DeleteService(key string) {
-	if _, ok := x.services[key]; ok {
-		delete(x.services, key)
-		x.dirty[key] = struct{}{}
+// SliceChanged records that the EndpointSlice under key was put, and
+// now belongs to the Service with key svc (namespace and
+// kubernetes.io/service-name label; "" for none), or deleted (svc "").
+func (x *Index) SliceChanged(key, svc string) {
+	if old, ok := x.owner[key]; ok {
+		if old == svc {
+			x.dirty[svc] = struct{}{}
+			return
+		}
+		delete(x.owner, key)
+		group := slices.DeleteFunc(x.bySvc[old], func(k string) bool { return k == key })
+		if len(group) == 0 {
+			delete(x.bySvc, old)
+		} else {
+			x.bySvc[old] = group
+		}
+		x.dirty[old] = struct{}{}
 	}
-}
-
-// PutSlice adds or replaces an EndpointSlice.
-func (x *Index) PutSlice(s *discoveryv1.EndpointSlice) {
-	if s == nil {
+	if svc == "" {
 		return
 	}
-	key := store.Key(s.Namespace, s.Name)
-	x.DeleteSlice(key)
-	name := s.Labels[discoveryv1.LabelServiceName]
-	if name == "" {
-		x.slices[key] = s
-		return
-	}
-	svc := store.Key(s.Namespace, name)
-	x.slices[key], x.owner[key] = s, svc
+	x.owner[key] = svc
 	group := x.bySvc[svc]
-	i, _ := slices.BinarySearchFunc(group, s.Name, func(e *discoveryv1.EndpointSlice, n string) int { return strings.Compare(e.Name, n) })
-	x.bySvc[svc] = slices.Insert(group, i, s)
+	i, _ := slices.BinarySearch(group, key)
+	x.bySvc[svc] = slices.Insert(group, i, key)
 	x.dirty[svc] = struct{}{}
 }
 
-// DeleteSlice removes the EndpointSlice stored under key (namespace/name).
-func (x *Index) DeleteSlice(key string) {
-	old, ok := x.slices[key]
-	if !ok {
-		return
+// SliceOwner is the key of the Service an EndpointSlice belongs to, ""
+// for none.
+func SliceOwner(s *discoveryv1.EndpointSlice) string {
+	if s == nil || s.Labels[discoveryv1.LabelServiceName] == "" {
+		return ""
 	}
-	delete(x.slices, key)
-	svc, ok := x.owner[key]
-	if !ok {
-		return
-	}
-	delete(x.owner, key)
-	group := slices.DeleteFunc(x.bySvc[svc], func(e *discoveryv1.EndpointSlice) bool { return e == old })
-	if len(group) == 0 {
-		delete(x.bySvc, svc)
-	} else {
-		x.bySvc[svc] = group
-	}
-	x.dirty[svc] = struct{}{}
+	return store.Key(s.Namespace, s.Labels[discoveryv1.LabelServiceName])
 }
 
-// Build builds the Services that changed since the last Build, or
-// depend on local pods, and returns the ServicePorts that changed, sorted
-// by key, with one error per Service, port or address of those it skipped
-// (as Build does). When the local pods or their addresses changed (not
-// their readiness), every Service is built again: any slice endpoint may
-// have become, or stopped being, a local pod.
-func (x *Index) Build(local []LocalPod) ([]PortChange, []error) {
-	pods := newPodIndex(local)
-	if k := pods.key(); k != x.pods || !x.started {
-		x.pods, x.started = k, true
+// Pending returns the keys of the Services the next Build builds, with
+// the local pods as they are now, and of their EndpointSlices, sorted.
+// When the local pods or their addresses changed (not their readiness),
+// that is every Service: any slice endpoint may have become, or stopped
+// being, a local pod.
+func (x *Index) Pending(local []LocalPod) (services, slices []string) {
+	x.pods = newPodIndex(local)
+	if k := x.pods.key(); k != x.podsKey || !x.started {
+		x.podsKey, x.started = k, true
 		for key := range x.services {
 			x.dirty[key] = struct{}{}
 		}
@@ -138,17 +136,41 @@ func (x *Index) Build(local []LocalPod) ([]PortChange, []error) {
 	for key := range x.volatile {
 		x.dirty[key] = struct{}{}
 	}
-	keys := slices.Sorted(maps.Keys(x.dirty))
-	clear(x.dirty)
+	x.pending = sortedKeys(x.dirty)
+	var sls []string
+	for _, key := range x.pending {
+		sls = append(sls, x.bySvc[key]...)
+	}
+	return x.pending, sls
+}
+
+func sortedKeys(m map[string]struct{}) []string { return slices.Sorted(maps.Keys(m)) }
+
+// Build builds the Services Pending named from objs and returns the
+// ServicePorts that changed, sorted by key, with one error per Service,
+// port or address of those it skipped (as Build does). A slice in objs
+// that no longer belongs to the Service (relabelled since SliceChanged)
+// is left out: its change comes next.
+func (x *Index) Build(objs Objects) ([]PortChange, []error) {
+	if x.pods == nil {
+		x.Pending(nil)
+	}
+	for _, key := range x.pending {
+		delete(x.dirty, key)
+	}
 	var changes []PortChange
 	var errs []error
-	for _, key := range keys {
+	for _, key := range x.pending {
 		var cur builtService
 		delete(x.volatile, key)
-		if rec, ok := x.services[key]; ok {
-			b := newBuilder(x.node, pods, rec)
+		if rec, ok := objs.Services[key]; ok && rec.Object != nil {
+			b := newBuilder(x.node, x.pods, rec)
 			if !b.standalone {
-				b.slices = x.bySvc[key]
+				for _, sk := range x.bySvc[key] {
+					if sl := objs.Slices[sk].Object; sl != nil && SliceOwner(sl) == key {
+						b.slices = append(b.slices, sl)
+					}
+				}
 			}
 			for _, sp := range b.build() {
 				name := sp.String()
@@ -178,6 +200,7 @@ func (x *Index) Build(local []LocalPod) ([]PortChange, []error) {
 			x.built[key] = cur
 		}
 	}
+	x.pending, x.pods = nil, nil
 	slices.SortStableFunc(changes, func(a, b PortChange) int { return strings.Compare(a.Key, b.Key) })
 	return changes, errs
 }

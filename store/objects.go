@@ -186,6 +186,46 @@ func (c Collection[T, P]) List() ([]Record[P], error) {
 	return out, errors.Join(errs...)
 }
 
+// GetKeys returns the objects stored under keys (namespace/name), in one
+// read transaction, by key; a key with nothing stored is not in the map.
+// A value that cannot be decoded is reported, naming its key, after the
+// others are read.
+func (c Collection[T, P]) GetKeys(keys []string) (map[string]Record[P], error) {
+	out := make(map[string]Record[P], len(keys))
+	var errs []error
+	err := c.s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(c.kind.bucket())
+		if b == nil {
+			return nil
+		}
+		for _, k := range keys {
+			v := b.Get([]byte(k))
+			if v == nil {
+				continue
+			}
+			rec, err := c.decode([]byte(k), v)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out[k] = rec
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, errors.Join(errs...)
+}
+
+// Keys returns the keys (namespace/name) of every stored object of this
+// kind, in order, decoding none.
+func (c Collection[T, P]) Keys() ([]string, error) {
+	var out []string
+	err := c.each(func(k, _ []byte) { out = append(out, string(k)) })
+	return out, err
+}
+
 // ListNamespace returns the stored objects of this kind in namespace ns,
 // in name order, reading only those.
 func (c Collection[T, P]) ListNamespace(ns string) ([]Record[P], error) {

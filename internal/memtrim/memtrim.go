@@ -1,7 +1,7 @@
 // Package memtrim gives back to the kernel what the agent touched while it
 // was busy (starting, starting pods) and does not use when idle: the Go
-// heap's free pages, and the pages of its executable it mapped then. Those
-// are clean pages of the file: unmapped, they stay in the page cache
+// heap's free pages, and the pages of its executable and of the store's
+// file it mapped then. Those are clean pages of the file: unmapped, they stay in the page cache
 // until the kernel wants the memory, and a page used again is mapped again
 // from there (a minor fault), so the agent's RSS comes down to what it
 // uses, and the rest is the kernel's to reclaim without touching the
@@ -40,8 +40,9 @@ func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet ti
 	}
 }
 
-// Trim unmaps the executable's read-only pages and returns the heap's
-// free pages to the kernel; it returns how many bytes of mappings it
+// Trim unmaps the executable's read-only pages, and those of read-only
+// shared file mappings (the store's), and returns the heap's free pages to
+// the kernel; it returns how many bytes of mappings it
 // advised away (mapped or not).
 func Trim() (int64, error) {
 	n, err := unmapExecutable()

@@ -17,7 +17,9 @@ import (
 // made read-only; those are not the file's, and dropping them would undo
 // the relocations, so there only the code is dropped. Code and a fixed
 // executable's read-only data are never written: dropped, they read back
-// from the file as they were.
+// from the file as they were. It does the same to read-only shared
+// mappings of files (the store's, which bbolt maps to read and writes
+// through the file), whose pages are always the file's.
 func unmapExecutable() (int64, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
@@ -35,7 +37,12 @@ func unmapExecutable() (int64, error) {
 	for _, line := range strings.Split(string(maps), "\n") {
 		// start-end perms offset dev inode path
 		f := strings.Fields(line)
-		if len(f) < 6 || f[5] != exe || (f[1] != "r-xp" && (pie || f[1] != "r--p")) {
+		if len(f) < 6 {
+			continue
+		}
+		ownCode := f[5] == exe && (f[1] == "r-xp" || (!pie && f[1] == "r--p"))
+		sharedFile := f[1] == "r--s" && strings.HasPrefix(f[5], "/") && !strings.HasPrefix(f[5], "/dev/")
+		if !ownCode && !sharedFile {
 			continue
 		}
 		lo, hi, ok := strings.Cut(f[0], "-")
@@ -48,6 +55,9 @@ func unmapExecutable() (int64, error) {
 			continue
 		}
 		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_DONTNEED); errno != 0 {
+			if !ownCode {
+				continue // not the agent's to fail for
+			}
 			return total, fmt.Errorf("madvise %s: %w", f[0], errno)
 		}
 		total += int64(end - start)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
 )
 
@@ -111,5 +113,40 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("timed out")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// Trim unmaps the pages of a read-only shared mapping of a file (as bbolt
+// maps the store), which read back as they were.
+func TestTrimUnmapsSharedFileMappings(t *testing.T) {
+	path := t.TempDir() + "/data"
+	want := strings.Repeat("outpost ", 1<<18) // 2 MiB
+	if err := os.WriteFile(path, []byte(want), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := unix.Mmap(int(f.Fd()), 0, len(want), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if string(m) != want { // every page mapped
+		t.Fatal("mapping differs from the file")
+	}
+	before := rssFile(t)
+	if _, err := Trim(); err != nil {
+		t.Fatal(err)
+	}
+	after := rssFile(t)
+	t.Logf("RssFile %d → %d kB", before, after)
+	if before-after < int64(len(want))>>10 {
+		t.Errorf("RssFile went from %d to %d kB, want it %d kB lower at least", before, after, len(want)>>10)
+	}
+	if string(m) != want {
+		t.Errorf("after Trim the mapping differs from the file")
 	}
 }

@@ -17,15 +17,14 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"runtime/debug"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/memtrim"
 	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/store"
@@ -97,11 +96,16 @@ type Stats struct {
 }
 
 // bigSync is the Tx size (ops) past which a sync hands the memory it used
-// back to the system at once. A cold sync of 10,000 Services is some
+// back to the system at once (memtrim.Trim: the heap's free pages, and
+// the pages of the executable and of the store's file it mapped). A cold sync of 10,000 Services is some
 // 140,000 ops and their netlink messages, well over 100 MiB at its peak,
 // which the Go runtime would otherwise keep as RSS for minutes on a board
 // that has little to spare.
 const bigSync = 20000
+
+// bigRead is the number of Services read in one sync past which the sync
+// hands the memory back at once too.
+const bigRead = 2000
 
 // Proxy keeps the table in step with the store.
 type Proxy struct {
@@ -119,6 +123,7 @@ type Proxy struct {
 	feed      *store.Feed
 	index     *netproxy.Index
 	podsCache *store.Cache[*corev1.Pod]
+	readMany  bool // this sync read bigRead Services or more
 
 	mu     sync.Mutex
 	stats  Stats
@@ -182,8 +187,9 @@ func (p *Proxy) Sync() error {
 	full := p.table.Full()
 	ops, err := p.sync()
 	p.record(start, full, ops, err)
-	if ops >= bigSync {
-		debug.FreeOSMemory()
+	if ops >= bigSync || p.readMany {
+		p.readMany = false
+		p.trim()
 	}
 	return err // "sync table outpost: …"
 }
@@ -219,7 +225,11 @@ func (p *Proxy) sync() (int, error) {
 			}
 		}
 	}
-	changes, errs := p.index.Build(local)
+	changes, errs, err := p.build(local)
+	if err != nil {
+		p.index = nil
+		return 0, err
+	}
 	for _, err := range errs {
 		p.deps.Log.Debug("service skipped", "err", err)
 	}
@@ -260,47 +270,75 @@ func (p *Proxy) sync() (int, error) {
 func (p *Proxy) read(keys map[store.Kind][]string, reload bool) error {
 	st := p.deps.Store
 	if reload {
-		svcs, err := st.Services().List()
+		svcs, err := st.Services().Keys()
 		if err != nil {
 			return fmt.Errorf("read services: %w", err)
 		}
 		eps, err := st.EndpointSlices().List()
-		if err != nil {
+		if err = p.skipBad(eps == nil, err); err != nil {
 			return fmt.Errorf("read endpoint slices: %w", err)
 		}
 		p.index = netproxy.NewIndex(p.cfg.Node)
-		for _, r := range svcs {
-			p.index.PutService(r)
+		for _, k := range svcs {
+			p.index.ServiceChanged(k, true)
 		}
 		for _, r := range eps {
-			p.index.PutSlice(r.Object)
+			p.index.SliceChanged(store.Key(r.Object.Namespace, r.Object.Name), netproxy.SliceOwner(r.Object))
 		}
 		return nil
 	}
-	for _, key := range keys[store.KindService] {
-		ns, name, _ := strings.Cut(key, "/")
-		r, ok, err := st.Services().Get(ns, name)
-		switch {
-		case err != nil:
-			return fmt.Errorf("read service %s: %w", key, err)
-		case ok:
-			p.index.PutService(r)
-		default:
-			p.index.DeleteService(key)
+	if svcs := keys[store.KindService]; len(svcs) > 0 {
+		stored, err := st.Services().GetKeys(svcs)
+		if err = p.skipBad(stored == nil, err); err != nil {
+			return fmt.Errorf("read services: %w", err)
+		}
+		for _, k := range svcs {
+			_, ok := stored[k]
+			p.index.ServiceChanged(k, ok)
 		}
 	}
-	for _, key := range keys[store.KindEndpointSlice] {
-		ns, name, _ := strings.Cut(key, "/")
-		r, ok, err := st.EndpointSlices().Get(ns, name)
-		switch {
-		case err != nil:
-			return fmt.Errorf("read endpoint slice %s: %w", key, err)
-		case ok:
-			p.index.PutSlice(r.Object)
-		default:
-			p.index.DeleteSlice(key)
+	if eps := keys[store.KindEndpointSlice]; len(eps) > 0 {
+		stored, err := st.EndpointSlices().GetKeys(eps)
+		if err = p.skipBad(stored == nil, err); err != nil {
+			return fmt.Errorf("read endpoint slices: %w", err)
+		}
+		for _, k := range eps {
+			p.index.SliceChanged(k, netproxy.SliceOwner(stored[k].Object))
 		}
 	}
+	return nil
+}
+
+// build builds the Services the index has pending, reading them and
+// their EndpointSlices from the store.
+func (p *Proxy) build(local []netproxy.LocalPod) ([]netproxy.PortChange, []error, error) {
+	st := p.deps.Store
+	svcKeys, sliceKeys := p.index.Pending(local)
+	var objs netproxy.Objects
+	var err error
+	objs.Services, err = st.Services().GetKeys(svcKeys)
+	if err = p.skipBad(objs.Services == nil, err); err != nil {
+		return nil, nil, fmt.Errorf("read services: %w", err)
+	}
+	objs.Slices, err = st.EndpointSlices().GetKeys(sliceKeys)
+	if err = p.skipBad(objs.Slices == nil, err); err != nil {
+		return nil, nil, fmt.Errorf("read endpoint slices: %w", err)
+	}
+	changes, errs := p.index.Build(objs)
+	// Every Service was read (a start, a relist, a local pod that came
+	// or went): the sync gives the decoded objects' pages back.
+	p.readMany = len(svcKeys) >= bigRead
+	return changes, errs, nil
+}
+
+// skipBad returns err when the read failed (failed), else logs it: the
+// values that did not decode, each named with its key, are left out as
+// if not stored, so that one bad record does not stop every sync.
+func (p *Proxy) skipBad(failed bool, err error) error {
+	if err == nil || failed {
+		return err
+	}
+	p.deps.Log.Warn("stored object skipped", "err", err)
 	return nil
 }
 
@@ -315,6 +353,13 @@ func udpOf(sp *netproxy.ServicePort) (udpPort, bool) {
 		u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
 	}
 	return u, true
+}
+
+// trim gives back the memory a big sync touched.
+func (p *Proxy) trim() {
+	if _, err := memtrim.Trim(); err != nil {
+		p.deps.Log.Debug("trim memory", "err", err)
+	}
 }
 
 func (p *Proxy) record(start time.Time, full bool, ops int, err error) {
