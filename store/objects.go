@@ -137,6 +137,7 @@ func (c Collection[T, P]) put(src Source, obj P) (bool, error) {
 			}
 		}
 		changed = true
+		c.s.addSrcKey(c.kind, src, key)
 		return b.Put([]byte(key), val)
 	})
 	if changed && err == nil {
@@ -319,7 +320,7 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 	var conflicts []error
 	var dirty bool
 	if err := c.s.db.View(func(tx *bolt.Tx) error {
-		stale, puts, conf := c.replaceDiff(tx, src, vals)
+		stale, puts, conf := c.replaceDiff(tx, src, vals, false)
 		dirty, conflicts = len(stale)+len(puts) > 0, conf
 		return nil
 	}); err != nil {
@@ -331,7 +332,7 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 	var changed int
 	var keys []string
 	err := c.s.batch(func(tx *bolt.Tx) error {
-		stale, puts, conf := c.replaceDiff(tx, src, vals)
+		stale, puts, conf := c.replaceDiff(tx, src, vals, true)
 		changed, conflicts, keys = 0, conf, keys[:0]
 		b := tx.Bucket(c.kind.bucket())
 		for _, k := range stale {
@@ -342,6 +343,7 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 			changed++
 		}
 		for _, k := range puts {
+			c.s.addSrcKey(c.kind, src, k)
 			if err := b.Put([]byte(k), vals[k]); err != nil {
 				return err
 			}
@@ -361,17 +363,35 @@ func (c Collection[T, P]) Replace(src Source, objs []P) (int, error) {
 
 // replaceDiff is what Replace(src, vals) must do in tx: the keys of src's
 // records to delete, the keys to put (sorted), and the keys another source
-// owns.
-func (c Collection[T, P]) replaceDiff(tx *bolt.Tx, src Source, vals map[string][]byte) (stale [][]byte, puts []string, conflicts []error) {
+// owns. For a source other than the API server only the keys that may be
+// src's are read (Store.srcKeys); in a write transaction (write set) the
+// ones found not to be are forgotten.
+func (c Collection[T, P]) replaceDiff(tx *bolt.Tx, src Source, vals map[string][]byte, write bool) (stale [][]byte, puts []string, conflicts []error) {
 	b := tx.Bucket(c.kind.bucket())
-	b.ForEach(func(k, v []byte) error {
-		if s, err := recordSource(v); err == nil && s == src {
-			if _, keep := vals[string(k)]; !keep {
-				stale = append(stale, append([]byte(nil), k...))
+	if keys, ok := c.s.srcKeyList(c.kind, src); ok {
+		slices.Sort(keys)
+		for _, k := range keys {
+			v := b.Get([]byte(k))
+			if s, err := recordSource(v); v == nil || err != nil || s != src {
+				if write && v == nil {
+					c.s.dropSrcKey(c.kind, src, k)
+				}
+				continue
+			}
+			if _, keep := vals[k]; !keep {
+				stale = append(stale, []byte(k))
 			}
 		}
-		return nil
-	})
+	} else {
+		b.ForEach(func(k, v []byte) error {
+			if s, err := recordSource(v); err == nil && s == src {
+				if _, keep := vals[string(k)]; !keep {
+					stale = append(stale, append([]byte(nil), k...))
+				}
+			}
+			return nil
+		})
+	}
 	for _, k := range slices.Sorted(maps.Keys(vals)) {
 		old := b.Get([]byte(k))
 		if bytes.Equal(old, vals[k]) {

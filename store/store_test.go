@@ -116,6 +116,64 @@ func TestReplaceTouchesOnlyItsSource(t *testing.T) {
 	}
 }
 
+// TestReplaceFindsItsSourceWithoutReadingAll: Replace for a source other
+// than the API server's finds that source's stale records from the keys
+// the store keeps of it, also those from before a reopen and those
+// deleted and put again, and keeps no keys of the API server's.
+func TestReplaceFindsItsSourceWithoutReadingAll(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	s, err := Open(path, Options{NodeName: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.Pods().Put(SourceStatic, pod("default", "a", "x")))
+	must(t, s.Pods().Put(SourceStatic, pod("default", "b", "x")))
+	for i := range 50 {
+		must(t, s.Pods().Put(SourceAPI, pod("default", "api"+strconv.Itoa(i), "x")))
+	}
+	s.Close()
+	if s, err = Open(path, Options{NodeName: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	names := func() string {
+		t.Helper()
+		var out []string
+		list, err := s.Pods().List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range list {
+			if r.Source == SourceStatic {
+				out = append(out, r.Object.Name)
+			}
+		}
+		return strings.Join(out, ",")
+	}
+	if n, err := s.Pods().Replace(SourceStatic, []*corev1.Pod{pod("default", "b", "x")}); err != nil || n != 1 || names() != "b" {
+		t.Fatalf("after a reopen, Replace([b]) changed %d (err %v), static pods %q; want a deleted", n, err, names())
+	}
+	if _, err := s.Pods().Delete("default", "b"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.Pods().Put(SourceStatic, pod("default", "b", "y")))
+	must(t, s.Pods().Put(SourceStatic, pod("default", "c", "y")))
+	if n, err := s.Pods().Replace(SourceStatic, nil); err != nil || n != 2 || names() != "" {
+		t.Fatalf("Replace(none) changed %d (err %v), static pods %q; want b and c deleted", n, err, names())
+	}
+	// The keys of deleted records go at the next write that finds them
+	// gone.
+	if n, err := s.Pods().Replace(SourceStatic, []*corev1.Pod{pod("default", "d", "y")}); err != nil || n != 1 || names() != "d" {
+		t.Fatalf("Replace([d]) changed %d (err %v), static pods %q", n, err, names())
+	}
+	if keys, _ := s.srcKeyList(KindPod, SourceStatic); !slices.Equal(keys, []string{"default/d"}) {
+		t.Errorf("keys kept of static pods: %q, want default/d", keys)
+	}
+	if len(s.srcKeys[KindPod][SourceAPI]) != 0 {
+		t.Errorf("keys kept of the API server's pods: %d", len(s.srcKeys[KindPod][SourceAPI]))
+	}
+}
+
 // lastTxID is the id of the store's last committed write transaction.
 func lastTxID(t *testing.T, s *Store) int {
 	t.Helper()

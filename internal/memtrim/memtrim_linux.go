@@ -54,6 +54,11 @@ func unmapExecutable() (int64, error) {
 		if err1 != nil || err2 != nil || end <= start {
 			continue
 		}
+		if ownCode {
+			// No readahead into the executable's mappings: a page used
+			// again is read alone (see evictExecutable).
+			unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_RANDOM)
+		}
 		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_DONTNEED); errno != 0 {
 			if !ownCode {
 				continue // not the agent's to fail for
@@ -62,7 +67,24 @@ func unmapExecutable() (int64, error) {
 		}
 		total += int64(end - start)
 	}
+	evictExecutable(exe)
 	return total, nil
+}
+
+// evictExecutable drops the executable's pages that no process maps from
+// the page cache. While they are cached, a fault on one page of a mapping
+// maps the cached pages around it too (the kernel's fault-around, 64 KiB):
+// the few code and read-only data pages an idle agent uses would bring
+// back most of what was unmapped. Evicted, a page used again is read from
+// the file alone (the mappings are MADV_RANDOM: no readahead). Pages
+// still mapped, by this process or another, stay.
+func evictExecutable(exe string) {
+	f, err := os.Open(exe)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
 // isPIE reports whether the ELF file at path is position-independent

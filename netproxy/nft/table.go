@@ -196,7 +196,8 @@ type Table struct {
 	keyBuf    []byte
 	chains    int // chain and rule totals, for Counts
 	rules     int
-	grouped   int // endpoint map elements, for Counts
+	grouped   int  // endpoint map elements, for Counts
+	shared    bool // keep the callers' ServicePorts (ShareServicePorts)
 }
 
 // svcEntry is one applied ServicePort.
@@ -520,7 +521,7 @@ func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []
 		return 0, fmt.Errorf("apply full sync (%d ops): %w", len(tx.Ops), err)
 	}
 	for _, e := range entries {
-		e.sp = cloneServicePort(&e.sp)
+		e.sp = t.keep(&e.sp)
 		e.gen = t.gen
 	}
 	t.full = false
@@ -906,9 +907,9 @@ func (t *Table) commitService(key string, old *svcEntry, cur *netproxy.ServicePo
 	case cur == nil:
 		delete(t.services, key)
 	case old == nil:
-		t.services[key] = &svcEntry{key: key, sp: cloneServicePort(cur), gen: t.gen}
+		t.services[key] = &svcEntry{key: key, sp: t.keep(cur), gen: t.gen}
 	default:
-		old.sp = cloneServicePort(cur)
+		old.sp = t.keep(cur)
 	}
 }
 
@@ -1085,6 +1086,25 @@ func equalServicePort(a, b *netproxy.ServicePort) bool {
 		slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
 		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
 		slices.Equal(a.Endpoints, b.Endpoints)
+}
+
+// keep is what the Table keeps of an applied ServicePort: sp itself when
+// its slices are shared (ShareServicePorts), else a copy.
+func (t *Table) keep(sp *netproxy.ServicePort) netproxy.ServicePort {
+	if t.shared {
+		return *sp
+	}
+	return cloneServicePort(sp)
+}
+
+// ShareServicePorts makes the Table keep the ServicePorts it applies as
+// they are given, sharing their slices, not copies: for a caller that
+// never changes a ServicePort after handing it over (the proxy's Index
+// builds new ones), it saves a copy of every endpoint.
+func (t *Table) ShareServicePorts() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.shared = true
 }
 
 // cloneServicePort copies sp and its slices, so the caller may reuse

@@ -161,8 +161,10 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	if deps.Clock == nil {
 		deps.Clock = clock.Real{}
 	}
+	table := nft.NewTable(deps.Ruleset)
+	table.ShareServicePorts() // the Index builds new ones
 	return &Proxy{
-		cfg: cfg, deps: deps, table: nft.NewTable(deps.Ruleset),
+		cfg: cfg, deps: deps, table: table,
 		feed:      deps.Store.Feed(store.KindService, store.KindEndpointSlice),
 		podsCache: store.NewCache[*corev1.Pod](),
 	}, nil
