@@ -186,13 +186,15 @@ def main():
 
     now = datetime.datetime.now(datetime.timezone.utc)
     kernel = next((v for v in a.versions.splitlines() if v.startswith("kernel ")), "")
+    spread = (f"Every figure is the median of {a.runs} runs, with the minimum and maximum in brackets" if int(a.runs) > 1
+              else "Every figure is from one run, so there is no minimum and maximum")
     doc = f"""# Benchmarks: outpost beside its peers
 
 Written by `sudo {a.settings + " " if a.settings else ""}make bench-peers` ({now:%Y-%m-%d %H:%M} UTC, {a.seconds // 60} min).
 Machine: {a.machine}, {kernel}. Components: {", ".join(v for v in a.versions.splitlines() if not v.startswith("kernel "))}.
 
-Every figure is the median of {a.runs} runs, with the minimum and maximum in brackets; the runs of outpost and of the
-peer alternate (each nftables run measures kube-proxy, then outpost, on the same objects). The ratio is outpost's median over the
+{spread}; the runs of outpost and of the
+peer alternate (each nftables run measures kube-proxy, then outpost, on the same objects). The ratio is outpost's figure over the
 peer's: below 1 outpost is faster or smaller.
 
 {tab}
@@ -214,8 +216,8 @@ How each row is measured:
   same 30 containers, all at once, from bundles made beforehand (after one pass to warm the caches).
 - **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
   runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
-  sync, then the partial syncs each change caused), then outpost's `netproxy.BuildCached` and `nft.Table.Sync` on the
-  same objects in another fresh namespace. Each one-Service change is the median of several within a run.
+  sync, then the partial syncs each change caused), then outpost's proxy (`netproxy/proxy`) on a store holding the
+  same objects, in another fresh namespace: its first Sync, then one Sync after the store writes of each change. Each one-Service change is the median of several within a run.
 - **memory with N Services**: `BenchmarkAgentRSS10kServices` runs the whole `outpost agent` (static, stripped, as
   shipped) against the API server with the N Services, and reads its `/proc` status 30 s after its table holds them all;
   kube-proxy's is read in the nftables run once it has programmed the same N and made its changes.
