@@ -16,12 +16,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/memtrim"
@@ -96,9 +98,9 @@ type Stats struct {
 }
 
 // bigSync is the Tx size (ops) past which a sync hands the memory it used
-// back to the system at once (memtrim.Trim: the heap's free pages, and
-// the pages of the executable and of the store's file it mapped). A cold sync of 10,000 Services is some
-// 140,000 ops and their netlink messages, well over 100 MiB at its peak,
+// back to the system at once (memtrim.Trim: the heap's free pages, and the
+// pages of the executable and of the store's file it mapped). A cold sync
+// of 10,000 Services is some 140,000 ops and their netlink messages, well over 100 MiB at its peak,
 // which the Go runtime would otherwise keep as RSS for minutes on a board
 // that has little to spare.
 const bigSync = 20000
@@ -199,7 +201,8 @@ func (p *Proxy) Sync() error {
 func (p *Proxy) sync() (int, error) {
 	keys, all := p.feed.Take()
 	reload := all || p.index == nil
-	if err := p.read(keys, reload); err != nil {
+	have, err := p.read(keys, reload)
+	if err != nil {
 		p.index = nil // read everything next time
 		return 0, err
 	}
@@ -227,7 +230,7 @@ func (p *Proxy) sync() (int, error) {
 			}
 		}
 	}
-	changes, errs, err := p.build(local)
+	changes, errs, err := p.build(local, have)
 	if err != nil {
 		p.index = nil
 		return 0, err
@@ -268,62 +271,66 @@ func (p *Proxy) sync() (int, error) {
 }
 
 // read brings the index up to date with the store: every Service and
-// EndpointSlice when reload is set, else those under keys.
-func (p *Proxy) read(keys map[store.Kind][]string, reload bool) error {
+// EndpointSlice when reload is set, else those under keys. It returns the
+// objects it decoded on the way, which build need not read again.
+func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (netproxy.Objects, error) {
 	st := p.deps.Store
+	var have netproxy.Objects
+	var err error
 	if reload {
 		svcs, err := st.Services().Keys()
 		if err != nil {
-			return fmt.Errorf("read services: %w", err)
+			return have, fmt.Errorf("read services: %w", err)
 		}
 		eps, err := st.EndpointSlices().List()
 		if err = p.skipBad(eps == nil, err); err != nil {
-			return fmt.Errorf("read endpoint slices: %w", err)
+			return have, fmt.Errorf("read endpoint slices: %w", err)
 		}
 		p.index = netproxy.NewIndex(p.cfg.Node)
 		for _, k := range svcs {
 			p.index.ServiceChanged(k, true)
 		}
+		have.Slices = make(map[string]store.Record[*discoveryv1.EndpointSlice], len(eps))
 		for _, r := range eps {
-			p.index.SliceChanged(store.Key(r.Object.Namespace, r.Object.Name), netproxy.SliceOwner(r.Object))
+			k := store.Key(r.Object.Namespace, r.Object.Name)
+			have.Slices[k] = r
+			p.index.SliceChanged(k, netproxy.SliceOwner(r.Object))
 		}
-		return nil
+		return have, nil
 	}
 	if svcs := keys[store.KindService]; len(svcs) > 0 {
-		stored, err := st.Services().GetKeys(svcs)
-		if err = p.skipBad(stored == nil, err); err != nil {
-			return fmt.Errorf("read services: %w", err)
+		have.Services, err = st.Services().GetKeys(svcs)
+		if err = p.skipBad(have.Services == nil, err); err != nil {
+			return have, fmt.Errorf("read services: %w", err)
 		}
 		for _, k := range svcs {
-			_, ok := stored[k]
+			_, ok := have.Services[k]
 			p.index.ServiceChanged(k, ok)
 		}
 	}
 	if eps := keys[store.KindEndpointSlice]; len(eps) > 0 {
-		stored, err := st.EndpointSlices().GetKeys(eps)
-		if err = p.skipBad(stored == nil, err); err != nil {
-			return fmt.Errorf("read endpoint slices: %w", err)
+		have.Slices, err = st.EndpointSlices().GetKeys(eps)
+		if err = p.skipBad(have.Slices == nil, err); err != nil {
+			return have, fmt.Errorf("read endpoint slices: %w", err)
 		}
 		for _, k := range eps {
-			p.index.SliceChanged(k, netproxy.SliceOwner(stored[k].Object))
+			p.index.SliceChanged(k, netproxy.SliceOwner(have.Slices[k].Object))
 		}
 	}
-	return nil
+	return have, nil
 }
 
-// build builds the Services the index has pending, reading them and
-// their EndpointSlices from the store.
-func (p *Proxy) build(local []netproxy.LocalPod) ([]netproxy.PortChange, []error, error) {
-	st := p.deps.Store
+// build builds the Services the index has pending, reading from the
+// store those of them and of their EndpointSlices that read did not
+// (have).
+func (p *Proxy) build(local []netproxy.LocalPod, have netproxy.Objects) ([]netproxy.PortChange, []error, error) {
 	svcKeys, sliceKeys := p.index.Pending(local)
-	var objs netproxy.Objects
+	objs := have
 	var err error
-	objs.Services, err = st.Services().GetKeys(svcKeys)
-	if err = p.skipBad(objs.Services == nil, err); err != nil {
+	if objs.Services, err = getMissing(p, p.deps.Store.Services(), svcKeys, have.Services); err != nil {
 		return nil, nil, fmt.Errorf("read services: %w", err)
 	}
-	objs.Slices, err = st.EndpointSlices().GetKeys(sliceKeys)
-	if err = p.skipBad(objs.Slices == nil, err); err != nil {
+	if objs.Slices, err = getMissing(p, p.deps.Store.EndpointSlices(), sliceKeys, have.Slices); err != nil {
 		return nil, nil, fmt.Errorf("read endpoint slices: %w", err)
 	}
 	changes, errs := p.index.Build(objs)
@@ -331,6 +338,29 @@ func (p *Proxy) build(local []netproxy.LocalPod) ([]netproxy.PortChange, []error
 	// or went): the sync gives the decoded objects' pages back.
 	p.readMany = len(svcKeys) >= bigRead
 	return changes, errs, nil
+}
+
+// getMissing returns have with the objects under keys that have lacks
+// read from c (a key not in the map after that is not stored).
+func getMissing[T any, P interface {
+	*T
+	store.Object
+}](p *Proxy, c store.Collection[T, P], keys []string, have map[string]store.Record[P]) (map[string]store.Record[P], error) {
+	var missing []string
+	for _, k := range keys {
+		if _, ok := have[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	got, err := c.GetKeys(missing)
+	if err = p.skipBad(got == nil, err); err != nil {
+		return nil, err
+	}
+	if len(have) == 0 {
+		return got, nil
+	}
+	maps.Copy(got, have)
+	return got, nil
 }
 
 // skipBad returns err when the read failed (failed), else logs it: the
