@@ -134,17 +134,7 @@ func TestSyncConntrackAPI(t *testing.T) {
 	put(t, st.EndpointSlices(), store.SourceAPI, sl(remoteIP, other))
 	ct := &recorder{}
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: nft.NewFake(), Conntrack: ct})
-	check := func(what string, want ...[]string) {
-		t.Helper()
-		mustSync(t, p)
-		var got [][]string
-		for _, c := range ct.take() {
-			got = append(got, filterStrings(c))
-		}
-		if !slices.EqualFunc(got, want, slices.Equal) {
-			t.Errorf("%s: DeleteUDP calls %q, want %q", what, got, want)
-		}
-	}
+	check := conntrackCheck(t, p, ct)
 	check("first sync")
 	put(t, st.EndpointSlices(), store.SourceAPI, sl(remoteIP))
 	check("endpoint gone", []string{

@@ -772,6 +772,22 @@ func dnsService() *corev1.Service {
 	}
 }
 
+// conntrackCheck returns a check that syncs p and compares the DeleteUDP
+// calls ct saw with want, one []string of filters per call.
+func conntrackCheck(t *testing.T, p *Proxy, ct *recorder) func(what string, want ...[]string) {
+	return func(what string, want ...[]string) {
+		t.Helper()
+		mustSync(t, p)
+		var got [][]string
+		for _, c := range ct.take() {
+			got = append(got, filterStrings(c))
+		}
+		if !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("%s: DeleteUDP calls %q, want %q", what, got, want)
+		}
+	}
+}
+
 // TestSyncConntrack: Sync deletes the UDP flows its change made stale,
 // not on the first sync (what an earlier run applied is not known), and
 // a failing deletion does not fail the sync.
@@ -787,17 +803,7 @@ func TestSyncConntrack(t *testing.T) {
 	ct := &recorder{}
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: nft.NewFake(), LocalPods: ag.LocalPods, Conntrack: ct})
 
-	check := func(what string, want ...[]string) {
-		t.Helper()
-		mustSync(t, p)
-		var got [][]string
-		for _, c := range ct.take() {
-			got = append(got, filterStrings(c))
-		}
-		if !slices.EqualFunc(got, want, slices.Equal) {
-			t.Errorf("%s: DeleteUDP calls %q, want %q", what, got, want)
-		}
-	}
+	check := conntrackCheck(t, p, ct)
 	check("first sync")
 	check("unchanged")
 	ag.set(w, netip.MustParseAddr("10.42.0.9"), false)
