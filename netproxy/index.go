@@ -38,9 +38,11 @@ type Index struct {
 	started  bool
 }
 
-// builtService is what was last built of one Service.
+// builtService is what was last built of one Service. Its ServicePorts
+// are never changed once built: a Table that shares them
+// (nft.Table.ShareServicePorts) keeps these and no copies.
 type builtService struct {
-	ports []ServicePort
+	ports []*ServicePort
 	names []string // ports[i].String()
 }
 
@@ -158,6 +160,9 @@ func (x *Index) Build(objs Objects) ([]PortChange, []error) {
 	for _, key := range x.pending {
 		delete(x.dirty, key)
 	}
+	if len(x.dirty) == 0 && len(x.pending) > 256 {
+		x.dirty = map[string]struct{}{} // a map never shrinks: drop the big one
+	}
 	var changes []PortChange
 	var errs []error
 	for _, key := range x.pending {
@@ -172,12 +177,13 @@ func (x *Index) Build(objs Objects) ([]PortChange, []error) {
 					}
 				}
 			}
-			for _, sp := range b.build() {
-				name := sp.String()
+			built := b.build()
+			for i := range built {
+				name := built[i].String()
 				if slices.Contains(cur.names, name) {
 					continue // the first one counts, as in the table
 				}
-				cur.ports, cur.names = append(cur.ports, sp), append(cur.names, name)
+				cur.ports, cur.names = append(cur.ports, &built[i]), append(cur.names, name)
 			}
 			errs = append(errs, b.errs...)
 			if b.standalone || b.local {
@@ -191,7 +197,7 @@ func (x *Index) Build(objs Objects) ([]PortChange, []error) {
 			}
 		}
 		for i := range cur.ports {
-			changes = append(changes, PortChange{Key: cur.names[i], Port: &cur.ports[i]})
+			changes = append(changes, PortChange{Key: cur.names[i], Port: cur.ports[i]})
 		}
 		x.ports += len(cur.ports) - len(old.ports)
 		if len(cur.ports) == 0 {
@@ -205,16 +211,27 @@ func (x *Index) Build(objs Objects) ([]PortChange, []error) {
 	return changes, errs
 }
 
-// Ports returns every ServicePort as last built, sorted by String(); they
-// share memory with the Index: treat them as read-only.
+// Ports returns every ServicePort as last built, sorted by String(). The
+// Index keeps these from then on instead of its own, so that a Table
+// that keeps them (a full sync) shares them: treat them as read-only.
 func (x *Index) Ports() []ServicePort {
-	out := make([]ServicePort, 0, x.ports)
-	names := make([]string, 0, x.ports)
-	for _, key := range slices.Sorted(maps.Keys(x.built)) {
-		e := x.built[key]
-		out, names = append(out, e.ports...), append(names, e.names...)
+	type slot struct {
+		name string
+		p    **ServicePort
 	}
-	return sortPorts(out, names)
+	slots := make([]slot, 0, x.ports)
+	for _, e := range x.built {
+		for i := range e.ports {
+			slots = append(slots, slot{e.names[i], &e.ports[i]})
+		}
+	}
+	slices.SortFunc(slots, func(a, b slot) int { return strings.Compare(a.name, b.name) })
+	out := make([]ServicePort, len(slots))
+	for i, s := range slots {
+		out[i] = **s.p
+		*s.p = &out[i]
+	}
+	return out
 }
 
 // Len returns the number of ServicePorts as last built.

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -271,7 +270,7 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 			add(elem{key: elemID{m: pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k: k}, v: Goto(chainReject)})
 			continue
 		}
-		add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: slices.Clip(grp)})
+		add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: packGroup(grp)})
 	}
 }
 

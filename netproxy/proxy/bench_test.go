@@ -3,7 +3,10 @@ package proxy
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"testing"
 
@@ -108,6 +111,63 @@ func BenchmarkSyncOneService(b *testing.B) {
 	}
 }
 
+// BenchmarkSyncHeap is the heap the proxy keeps after its first sync of
+// N API Services × 5 endpoints (the Index and the Table; the ruleset
+// keeps nothing), as live-MiB: most of the agent's memory at 10,000
+// Services. BENCH_HEAP_PROFILE=FILE writes the heap profile (every
+// allocation sampled) of the last size.
+func BenchmarkSyncHeap(b *testing.B) {
+	prof := os.Getenv("BENCH_HEAP_PROFILE")
+	if prof != "" {
+		defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+		runtime.MemProfileRate = 1
+	}
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			st := benchStore(b, n)
+			defer st.Close()
+			var live float64
+			for b.Loop() {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: discardRuleset{}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				live = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+				if prof != "" {
+					writeHeapProfile(b, prof)
+				}
+				runtime.KeepAlive(p)
+			}
+			b.ReportMetric(live, "live-MiB")
+		})
+	}
+}
+
+// discardRuleset applies nothing and holds nothing.
+type discardRuleset struct{}
+
+func (discardRuleset) Apply(*nft.Tx) error         { return nil }
+func (discardRuleset) List() (nft.Contents, error) { return nft.Contents{}, nil }
+
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // benchService is API Service i of the benchmarks (svc-<i>, one TCP port)
 // and its slice of 5 ready endpoints.
 func benchService(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
@@ -134,6 +194,19 @@ func benchService(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 // benchProxy is a store with N API Services × 5 endpoints and a proxy
 // on the Fake ruleset that synced them once.
 func benchProxy(b *testing.B, n int) (*store.Store, *Proxy) {
+	st := benchStore(b, n)
+	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nft.NewFake()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := p.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return st, p
+}
+
+// benchStore is a store with N API Services × 5 endpoints.
+func benchStore(b *testing.B, n int) *store.Store {
 	st, err := store.Open(filepath.Join(b.TempDir(), store.FileName), store.Options{NodeName: node})
 	if err != nil {
 		b.Fatal(err)
@@ -149,12 +222,5 @@ func benchProxy(b *testing.B, n int) (*store.Store, *Proxy) {
 	if _, err := st.EndpointSlices().Replace(store.SourceAPI, sls); err != nil {
 		b.Fatal(err)
 	}
-	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nft.NewFake()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := p.Sync(); err != nil {
-		b.Fatal(err)
-	}
-	return st, p
+	return st
 }
