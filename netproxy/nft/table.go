@@ -743,6 +743,12 @@ func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) 
 			}
 			e.gen = t.gen
 			if equalServicePort(e.sp, sp) {
+				if t.shared {
+					// The caller's newer copy: the one it keeps (the
+					// Index adopts what its Ports hands out), so the
+					// older can be freed.
+					e.sp = sp
+				}
 				continue
 			}
 			if err := checkServicePort(sp); err != nil {
@@ -815,6 +821,9 @@ func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops
 			return 0, fmt.Errorf("update table %s: service port %s given as %q", netproxy.TableName, t.keyBuf, c.Key)
 		}
 		if e != nil && equalServicePort(e.sp, c.Port) {
+			if t.shared {
+				e.sp = c.Port // the one the caller keeps, as in syncDiff
+			}
 			continue
 		}
 		if err := checkServicePort(c.Port); err != nil {
