@@ -335,12 +335,7 @@ func (g group) len() int {
 func (g group) at(n int) netip.AddrPort {
 	w := int(g[0])
 	e := g[1+n*(w+2):][:w+2]
-	var a16 [16]byte
-	copy(a16[:], e[:w])
-	a := netip.AddrFrom16(a16)
-	if w == 4 {
-		a = netip.AddrFrom4([4]byte(a16[:4]))
-	}
+	a, _ := netip.AddrFromSlice([]byte(e[:w])) // 4 bytes: IPv4
 	return netip.AddrPortFrom(a, uint16(e[w])<<8|uint16(e[w+1]))
 }
 

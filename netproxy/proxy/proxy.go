@@ -100,9 +100,9 @@ type Stats struct {
 // bigSync is the Tx size (ops) past which a sync hands the memory it used
 // back to the system at once (memtrim.Trim: the heap's free pages, and the
 // pages of the executable and of the store's file it mapped). A cold sync
-// of 10,000 Services is some 140,000 ops and their netlink messages, well over 100 MiB at its peak,
-// which the Go runtime would otherwise keep as RSS for minutes on a board
-// that has little to spare.
+// of 10,000 Services is some 140,000 ops and their netlink messages, well
+// over 100 MiB at its peak, which the Go runtime would otherwise keep as
+// RSS for minutes on a board that has little to spare.
 const bigSync = 20000
 
 // bigRead is the number of Services read in one sync past which the sync
