@@ -28,6 +28,7 @@ const (
 	rejectNode     = "node"
 	rejectConflict = "conflict"
 	rejectTopic    = "topic"
+	rejectSig      = "signature"
 )
 
 // rejected is a message refused before anything was stored: the store
@@ -56,11 +57,27 @@ const (
 	applyStored                   // written
 	applyDeleted                  // removed
 	applyStale                    // an older generation than the store's: ignored
+	applyReplay                   // signed, but older than the last index and not listed in it: ignored
+	applyUnsigned                 // an empty payload while keys are trusted: deletes nothing
 )
+
+// guard is what a desired message is checked against when the node
+// trusts signing keys (Keyring): a valid signature for its topic, and a
+// generation above the last index read (floor), unless the index lists
+// the object at exactly that generation (expected: a fetch). So a signed
+// message published again later, after its object changed or was
+// deleted, changes nothing, before or after a reboot, and whatever the
+// broker retains. An empty payload deletes nothing: a delete is a signed
+// tombstone, or the object's absence from a signed index.
+type guard struct {
+	keys     *Keyring
+	floor    uint64
+	expected uint64
+}
 
 // applyDesired writes one desired message (t, payload) for node into st,
 // or says why it refused it. An empty payload or a tombstone deletes.
-func applyDesired(st *store.Store, node string, t Topic, payload []byte, maxBytes int) (outcome, error) {
+func applyDesired(st *store.Store, node string, t Topic, payload []byte, maxBytes int, g guard) (outcome, error) {
 	topic := t.String()
 	if len(payload) > maxBytes {
 		return 0, reject(topic, rejectSize, "%d bytes, over the limit of %d (mqtt.maxMessageBytes)", len(payload), maxBytes)
@@ -68,11 +85,19 @@ func applyDesired(st *store.Store, node string, t Topic, payload []byte, maxByte
 	if t.Scope == ScopeNode && t.Node != node {
 		return 0, reject(topic, rejectNode, "for node %s, this is %s", t.Node, node)
 	}
+	if g.keys != nil && len(payload) == 0 {
+		return applyUnsigned, nil
+	}
 	var e Envelope
 	if len(payload) > 0 {
 		var err error
 		if e, err = UnmarshalEnvelope(payload); err != nil {
 			return 0, reject(topic, rejectEnvelope, "%v", err)
+		}
+		if g.keys != nil {
+			if _, err := g.keys.Verify(topic, payload, e); err != nil {
+				return 0, reject(topic, rejectSig, "%v", err)
+			}
 		}
 		if want := kubeKinds[t.Kind]; e.Kind != want {
 			return 0, reject(topic, rejectEnvelope, "envelope kind %s, the topic holds %s", e.Kind, want)
@@ -85,7 +110,7 @@ func applyDesired(st *store.Store, node string, t Topic, payload []byte, maxByte
 	if ops == nil {
 		return 0, reject(topic, rejectTopic, "not a desired object's topic")
 	}
-	return ops.apply(node, t, e, len(payload) == 0)
+	return ops.apply(node, t, e, len(payload) == 0, g)
 }
 
 // desiredObject is what the desired kinds have in common.
@@ -95,7 +120,7 @@ type desiredObject[T any] interface {
 	metav1.Object
 }
 
-func apply[T any, P desiredObject[T]](c store.Collection[T, P], node string, t Topic, e Envelope, empty bool) (outcome, error) {
+func apply[T any, P desiredObject[T]](c store.Collection[T, P], node string, t Topic, e Envelope, empty bool, g guard) (outcome, error) {
 	topic := t.String()
 	rec, found, err := c.Get(t.Namespace, t.Name)
 	if err != nil {
@@ -108,12 +133,16 @@ func apply[T any, P desiredObject[T]](c store.Collection[T, P], node string, t T
 	if found {
 		storedGen, _ = strconv.ParseUint(rec.Object.GetResourceVersion(), 10, 64)
 	}
+	replay := g.keys != nil && e.Generation <= g.floor && e.Generation != g.expected
 	if empty || e.Encoding == EncodingTombstone {
 		if !found {
 			return applyUnchanged, nil
 		}
 		if !empty && e.Generation < storedGen {
 			return applyStale, nil
+		}
+		if replay {
+			return applyReplay, nil
 		}
 		if _, err := c.Delete(t.Namespace, t.Name); err != nil {
 			return 0, fmt.Errorf("%s: delete: %w", topic, err)
@@ -122,6 +151,9 @@ func apply[T any, P desiredObject[T]](c store.Collection[T, P], node string, t T
 	}
 	if found && e.Generation <= storedGen {
 		return applyStale, nil
+	}
+	if replay {
+		return applyReplay, nil
 	}
 	obj := P(new(T))
 	if err := obj.Unmarshal(e.Body); err != nil {
@@ -174,7 +206,7 @@ func checkDesired(obj metav1.Object, node string, t Topic) error {
 
 // kindOps are the store operations on one desired kind.
 type kindOps interface {
-	apply(node string, t Topic, e Envelope, empty bool) (outcome, error)
+	apply(node string, t Topic, e Envelope, empty bool, g guard) (outcome, error)
 	// generations adds the generation of every MQTT object to out, by
 	// index key.
 	generations(kind string, out map[string]uint64) error
@@ -184,8 +216,8 @@ type kindOps interface {
 
 type collOps[T any, P desiredObject[T]] struct{ c store.Collection[T, P] }
 
-func (o collOps[T, P]) apply(node string, t Topic, e Envelope, empty bool) (outcome, error) {
-	return apply(o.c, node, t, e, empty)
+func (o collOps[T, P]) apply(node string, t Topic, e Envelope, empty bool, g guard) (outcome, error) {
+	return apply(o.c, node, t, e, empty, g)
 }
 
 func (o collOps[T, P]) generations(kind string, out map[string]uint64) error {

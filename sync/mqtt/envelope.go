@@ -17,7 +17,8 @@ import (
 //	BODY                            the rest: the object's protobuf
 //
 // Tags: 1 kind (text, "Pod"), 2 generation (uvarint), 3 encoding (one
-// byte), 4 issued (uvarint, Unix milliseconds). A reader skips a tag it
+// byte), 4 issued (uvarint, Unix milliseconds), 5 signature (sign.go;
+// always the last field). A reader skips a tag it
 // does not know unless the tag's high bit is set, which marks a field it
 // must understand: such an envelope is refused.
 type Envelope struct {
@@ -37,6 +38,13 @@ type Envelope struct {
 	// kind is in the header), or an index's lines; empty for a
 	// tombstone.
 	Body []byte
+	// Signature is the signature field's value (sign.go), if any: a key
+	// id and an ed25519 signature. Marshal writes it as it is; a Signer
+	// makes it.
+	Signature []byte
+	// sigAt and sigEnd are where the signature field starts and ends in
+	// the payload it was read from.
+	sigAt, sigEnd int
 }
 
 // Encoding says how an envelope's body is encoded.
@@ -81,7 +89,20 @@ var envelopeMagic = [3]byte{'o', 'p', envelopeVersion}
 
 // Marshal lays out e as it goes on the wire.
 func (e Envelope) Marshal() []byte {
-	out := make([]byte, 0, 32+len(e.Kind)+len(e.Body))
+	out := e.marshalHeader(sigFieldLen + 2)
+	if len(e.Signature) > 0 {
+		out = append(out, tagSignature)
+		out = binary.AppendUvarint(out, uint64(len(e.Signature)))
+		out = append(out, e.Signature...)
+	}
+	out = append(out, tagEnd)
+	return append(out, e.Body...)
+}
+
+// marshalHeader lays out the magic and every header field but the
+// signature, with room for extra bytes and the body after them.
+func (e Envelope) marshalHeader(extra int) []byte {
+	out := make([]byte, 0, 32+len(e.Kind)+extra+len(e.Body))
 	out = append(out, envelopeMagic[:]...)
 	field := func(tag byte, v []byte) {
 		out = append(out, tag)
@@ -94,8 +115,7 @@ func (e Envelope) Marshal() []byte {
 	if !e.Issued.IsZero() && e.Issued.UnixMilli() > 0 {
 		field(tagIssued, binary.AppendUvarint(nil, uint64(e.Issued.UnixMilli())))
 	}
-	out = append(out, tagEnd)
-	return append(out, e.Body...)
+	return out
 }
 
 // UnmarshalEnvelope reads an envelope. The body aliases data.
@@ -113,10 +133,14 @@ func UnmarshalEnvelope(data []byte) (Envelope, error) {
 		if len(rest) == 0 {
 			return e, errors.New("envelope: header has no end")
 		}
+		at := len(data) - len(rest)
 		tag := rest[0]
 		rest = rest[1:]
 		if tag == tagEnd {
 			break
+		}
+		if e.sigAt > 0 {
+			return e, errors.New("envelope: signature: not the last header field")
 		}
 		n, k := binary.Uvarint(rest)
 		if k <= 0 || n > uint64(len(rest)-k) {
@@ -146,6 +170,11 @@ func UnmarshalEnvelope(data []byte) (Envelope, error) {
 			default:
 				return e, fmt.Errorf("envelope: encoding %d is not one this outpost reads", v[0])
 			}
+		case tagSignature:
+			if len(v) != sigFieldLen {
+				return e, fmt.Errorf("envelope: signature: %d bytes, want %d", len(v), sigFieldLen)
+			}
+			e.Signature, e.sigAt, e.sigEnd = v, at, len(data)-len(rest)
 		case tagIssued:
 			ms, err := uvarintField(v)
 			if err != nil || ms > 1<<53 {

@@ -103,7 +103,7 @@ func FuzzApplyDesired(f *testing.F) {
 			tp = Topic{Scope: ScopeCluster, Kind: kind, Namespace: "default", Name: "web"}
 		}
 		before, _ := storedGenerations(st, tp.Scope)
-		_, err := applyDesired(st, testNode, tp, payload, 1<<16)
+		_, err := applyDesired(st, testNode, tp, payload, 1<<16, guard{})
 		if err != nil {
 			after, _ := storedGenerations(st, tp.Scope)
 			if len(after) != len(before) {

@@ -3,8 +3,10 @@ package mqtt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -88,13 +90,28 @@ type processor struct {
 	// retained object; they are unsubscribed once none is awaited any
 	// more, or at fetchBy.
 	fetched  []string
-	awaiting map[string]bool
+	awaiting map[string]uint64 // by topic, the generation the index lists
 	fetchBy  time.Time
+	// floor is, by scope, the generation of the last index read, when
+	// keys are trusted (guard); kept in the store across restarts.
+	floor [3]uint64
 }
+
+// floorKey is the store's meta key of a scope's floor.
+func floorKey(s Scope) string { return "mqtt-index-" + scopeName(s) }
 
 // process applies the connection's messages to the store until ctx ends.
 func (s *Syncer) process(ctx context.Context, conn Conn, in *Inbox) error {
-	p := &processor{s: s, conn: conn, pending: map[Scope]Index{}, awaiting: map[string]bool{}}
+	p := &processor{s: s, conn: conn, pending: map[Scope]Index{}, awaiting: map[string]uint64{}}
+	if s.keys != nil {
+		for _, scope := range []Scope{ScopeNode, ScopeCluster} {
+			v, err := s.deps.Store.ResumeVersion(floorKey(scope))
+			if err != nil {
+				return fmt.Errorf("read the last index's generation: %w", err)
+			}
+			p.floor[scope], _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
 	settle := s.deps.Clock.NewTimer(time.Hour)
 	settle.Stop()
 	fetch := s.deps.Clock.NewTimer(time.Hour)
@@ -164,8 +181,9 @@ func (p *processor) handle(ctx context.Context, m Message) error {
 		p.handleIndex(t, m.Payload)
 		return nil
 	}
+	g := guard{keys: s.keys, floor: p.floor[t.Scope], expected: p.awaiting[m.Topic]}
 	delete(p.awaiting, m.Topic)
-	res, err := applyDesired(s.deps.Store, s.cfg.NodeName, t, m.Payload, s.cfg.MaxMessageBytes)
+	res, err := applyDesired(s.deps.Store, s.cfg.NodeName, t, m.Payload, s.cfg.MaxMessageBytes, g)
 	if err != nil {
 		var r *rejected
 		reason := "store"
@@ -184,6 +202,12 @@ func (p *processor) handle(ctx context.Context, m Message) error {
 	case applyStale:
 		s.m.stale.Add(1)
 		s.log.Debug("mqtt: older generation than the store's ignored", "topic", m.Topic)
+	case applyReplay:
+		s.m.stale.Add(1)
+		s.log.Info("mqtt: signed message older than the last index read and not listed in it ignored (a replay or a late duplicate)",
+			"topic", m.Topic, "index", p.floor[t.Scope])
+	case applyUnsigned:
+		s.log.Debug("mqtt: empty payload ignored: with mqtt.trustedKeys only a signed tombstone or index deletes", "topic", m.Topic)
 	}
 	return nil
 }
@@ -200,12 +224,25 @@ func (p *processor) handleIndex(t Topic, payload []byte) {
 	}
 	e, err := UnmarshalEnvelope(payload)
 	var x Index
+	if err == nil && s.keys != nil {
+		if _, err := s.keys.Verify(t.String(), payload, e); err != nil {
+			s.m.reject(rejectSig, "index")
+			s.log.Warn("mqtt index refused", "topic", t.String(), "reason", rejectSig, "err", err)
+			return
+		}
+	}
 	if err == nil {
 		x, err = ParseIndex(e, t.Scope)
 	}
 	if err != nil {
 		s.m.reject(rejectEnvelope, "index")
 		s.log.Warn("mqtt index refused", "topic", t.String(), "reason", rejectEnvelope, "err", err)
+		return
+	}
+	if s.keys != nil && x.Generation < p.floor[t.Scope] {
+		s.m.stale.Add(1)
+		s.log.Info("mqtt: signed index older than the last one read ignored (a replay)", "topic", t.String(),
+			"generation", x.Generation, "last", p.floor[t.Scope])
 		return
 	}
 	if old, ok := p.pending[t.Scope]; ok && old.Generation > x.Generation {
@@ -243,6 +280,7 @@ func (p *processor) reconcile(ctx context.Context) error {
 			}
 			t.Node = s.cfg.NodeName
 			fetch = append(fetch, t.String())
+			p.awaiting[t.String()] = x.Entries[key]
 		}
 		var deleted int
 		for key, g := range stored {
@@ -263,6 +301,12 @@ func (p *processor) reconcile(ctx context.Context) error {
 			}
 		}
 		s.m.indexes.Add(1)
+		if s.keys != nil && x.Generation > p.floor[scope] {
+			p.floor[scope] = x.Generation
+			if err := s.deps.Store.SetResumeVersion(floorKey(scope), strconv.FormatUint(x.Generation, 10)); err != nil {
+				s.log.Warn("mqtt: keep the last index's generation", "err", err)
+			}
+		}
 		if len(fetch) > 0 || deleted > 0 {
 			s.log.Info("mqtt: index read", "scope", scopeName(scope), "objects", len(x.Entries), "fetch", len(fetch), "deleted", deleted)
 		}
@@ -275,9 +319,6 @@ func (p *processor) reconcile(ctx context.Context) error {
 			}
 			s.m.fetches.Add(uint64(len(batch)))
 			p.fetched = append(p.fetched, batch...)
-			for _, t := range batch {
-				p.awaiting[t] = true
-			}
 			p.fetchBy = s.deps.Clock.Now().Add(fetchTimeout)
 		}
 	}

@@ -2,6 +2,7 @@ package mqtt
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"log/slog"
 	"sync"
@@ -36,6 +37,9 @@ type Config struct {
 	// RequestTimeout bounds every publish, subscribe and unsubscribe
 	// (default 30 s); one that runs out drops the connection.
 	RequestTimeout time.Duration
+	// TrustedKeys are the bridge's public keys (mqtt.trustedKeys): when
+	// set, every desired message must be signed by one of them (guard).
+	TrustedKeys []ed25519.PublicKey
 }
 
 func (c *Config) setDefaults() {
@@ -94,6 +98,7 @@ type Syncer struct {
 	deps Deps
 	log  *slog.Logger
 	m    metrics
+	keys *Keyring // nil: signatures are not checked
 
 	mu   sync.Mutex
 	link Link
@@ -120,7 +125,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 		deps.NodeFacts = func() NodeFacts { return NodeFacts{} }
 	}
 	cfg.setDefaults()
-	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, sent: map[string]bool{}}
+	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, sent: map[string]bool{}, keys: NewKeyring(cfg.TrustedKeys...)}
 	s.m.init()
 	s.link = Link{Broker: cfg.Broker, Since: deps.Clock.Now()}
 	s.events.wake = make(chan struct{}, 1)
