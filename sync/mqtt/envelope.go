@@ -89,11 +89,16 @@ var envelopeMagic = [3]byte{'o', 'p', envelopeVersion}
 
 // Marshal lays out e as it goes on the wire.
 func (e Envelope) Marshal() []byte {
-	out := e.marshalHeader(sigFieldLen + 2)
-	if len(e.Signature) > 0 {
+	return e.appendRest(e.marshalHeader(sigFieldLen+2), e.Signature)
+}
+
+// appendRest appends the signature field (if sig is not empty), the end
+// of the header and the body to a header from marshalHeader.
+func (e Envelope) appendRest(out, sig []byte) []byte {
+	if len(sig) > 0 {
 		out = append(out, tagSignature)
-		out = binary.AppendUvarint(out, uint64(len(e.Signature)))
-		out = append(out, e.Signature...)
+		out = binary.AppendUvarint(out, uint64(len(sig)))
+		out = append(out, sig...)
 	}
 	out = append(out, tagEnd)
 	return append(out, e.Body...)

@@ -78,11 +78,7 @@ func (s *Signer) Seal(topic string, e Envelope) []byte {
 	if err != nil {
 		panic("mqtt: ed25519ph sign: " + err.Error()) // only for a wrong hash or context length
 	}
-	out := append(head, tagSignature, sigFieldLen)
-	out = append(out, s.id[:]...)
-	out = append(out, sig...)
-	out = append(out, tagEnd)
-	return append(out, e.Body...)
+	return e.appendRest(head, append(s.id[:], sig...))
 }
 
 // signedHash is the SHA-512 a signature signs: the topic, then the
