@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 
 	"k8s.io/client-go/rest"
 
@@ -49,13 +52,88 @@ func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
 		Brokers: cfg.MQTT.Brokers, TLS: tc, ClientID: cfg.MQTT.ClientID, Username: cfg.MQTT.Username, Password: password,
 		KeepAlive: cfg.MQTT.KeepaliveDuration(),
 	})
+	var signer *mqtt.Signer
+	if f := cfg.MQTT.SigningKeyFile; f != "" {
+		key, err := readSigningKey(f)
+		if err != nil {
+			return usageError{fmt.Errorf("mqtt.signingKeyFile: %w", err)}
+		}
+		signer = mqtt.NewSigner(key)
+		log.Info("signing desired state", "key", signer.ID().String(), "public", mqtt.FormatPublicKey(signer.Public()))
+	} else {
+		log.Warn("mqtt.signingKeyFile is empty: desired state is published unsigned, and nodes that trust keys refuse it (docs/mqtt.md, signed desired state)")
+	}
 	b, err := bridge.New(bridge.Config{
 		Dir: cfg.StateDir, KeepAlive: cfg.MQTT.KeepaliveDuration(), MaxMessageBytes: cfg.MQTT.MaxMessageBytes,
-		Labels: cfg.Labels, WriteQPS: cfg.API.WriteQPS, WriteBurst: cfg.API.WriteBurst,
+		Labels: cfg.Labels, WriteQPS: cfg.API.WriteQPS, WriteBurst: cfg.API.WriteBurst, Signer: signer,
 	}, bridge.Deps{Client: client, Dial: dial, Clock: clock.Real{}, Log: log})
 	if err != nil {
 		return err
 	}
 	log.Info("outpost bridge starting", "version", version, "brokers", cfg.MQTT.Brokers, "server", rc.Host)
 	return b.Run(ctx)
+}
+
+// runBridgeKey runs `outpost bridge keygen KEYFILE`, which writes a new
+// signing key to KEYFILE (never over an existing file) and prints its
+// public key, and `outpost bridge pubkey KEYFILE`, which prints the
+// public key of KEYFILE: the line mqtt.trustedKeys takes.
+func runBridgeKey(cmd string, args []string, stdout io.Writer) error {
+	if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+		return usageError{fmt.Errorf("usage: outpost bridge %s KEYFILE", cmd)}
+	}
+	path := args[0]
+	var key ed25519.PrivateKey
+	var err error
+	if cmd == "pubkey" {
+		if key, err = readSigningKey(path); err != nil {
+			return fmt.Errorf("bridge pubkey: %w", err)
+		}
+	} else {
+		if key, err = mqtt.GenerateKey(); err != nil {
+			return fmt.Errorf("bridge keygen: %w", err)
+		}
+		pem, err := mqtt.MarshalPrivateKey(key)
+		if err != nil {
+			return fmt.Errorf("bridge keygen: %w", err)
+		}
+		if err := writeNewFile(path, pem); err != nil {
+			return fmt.Errorf("bridge keygen: %w", err)
+		}
+	}
+	_, err = fmt.Fprintln(stdout, mqtt.FormatPublicKey(key.Public().(ed25519.PublicKey)))
+	return err
+}
+
+// readSigningKey reads the bridge's private signing key from path.
+func readSigningKey(path string) (ed25519.PrivateKey, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	key, err := mqtt.ParsePrivateKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return key, nil
+}
+
+// writeNewFile writes data to path, readable by its owner only; it
+// refuses a path that exists, so a key in use is never replaced.
+func writeNewFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
 }

@@ -28,6 +28,11 @@ const usage = `outpost: a small-memory Kubernetes node agent for ARM boards
 Usage:
   outpost agent [--config FILE]          run the agent
   outpost bridge --config FILE           run the MQTT bridge to the API server
+  outpost bridge keygen KEYFILE          make the bridge's signing key pair:
+                                         the private key into KEYFILE, the
+                                         public key (for mqtt.trustedKeys)
+                                         printed
+  outpost bridge pubkey KEYFILE          print the public key of KEYFILE
   outpost status [--config FILE] [-o table|json] [NAMESPACE/POD]
                                          show the node's pods, or one pod
   outpost logs [NAMESPACE/]POD [-c CONTAINER] [-f] [--previous] [--tail N]
@@ -80,6 +85,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "agent":
 		return runAgent(ctx, args[1:], stderr)
 	case "bridge":
+		if len(args) > 1 && (args[1] == "keygen" || args[1] == "pubkey") {
+			return runBridgeKey(args[1], args[2:], stdout)
+		}
 		return runBridge(ctx, args[1:], stderr)
 	case "status":
 		return runStatus(ctx, args[1:], stdout)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
 func TestVersion(t *testing.T) {
@@ -131,5 +132,35 @@ func TestAgentAndStatus(t *testing.T) {
 	s = status()
 	if s.From != "store" || len(s.Pods) != 1 || s.Node != "test-node" {
 		t.Fatalf("status from store = %+v", s)
+	}
+}
+
+// `outpost bridge keygen` writes a private key for its owner alone and
+// never over a file, and prints the public key `outpost bridge pubkey`
+// prints for the same file.
+func TestBridgeKeygen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "signing.key")
+	var gen, pub bytes.Buffer
+	if err := run(context.Background(), []string{"bridge", "keygen", path}, &gen, &gen); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, %v", fi, err)
+	}
+	if err := run(context.Background(), []string{"bridge", "pubkey", path}, &pub, &pub); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(gen.String(), "ed25519:") || gen.String() != pub.String() {
+		t.Errorf("keygen printed %q, pubkey %q", gen.String(), pub.String())
+	}
+	if _, err := mqtt.ParsePublicKey(strings.TrimSpace(gen.String())); err != nil {
+		t.Error(err)
+	}
+	if err := run(context.Background(), []string{"bridge", "keygen", path}, &gen, &gen); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Errorf("keygen over an existing file: %v", err)
+	}
+	var ue usageError
+	if err := run(context.Background(), []string{"bridge", "keygen"}, &gen, &gen); !errors.As(err, &ue) {
+		t.Errorf("keygen without a file: %v, want a usage error", err)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -57,8 +58,26 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 		Brokers: m.Brokers, TLS: tc, ClientID: clientID, Username: m.Username, Password: password,
 		KeepAlive: m.KeepaliveDuration(), Counter: wire,
 	})
+	var keys []ed25519.PublicKey
+	for i, k := range m.TrustedKeys {
+		pub, err := mqtt.ParsePublicKey(k)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("mqtt.trustedKeys[%d]: %w", i, err)}
+		}
+		keys = append(keys, pub)
+	}
+	if len(keys) > 0 {
+		ids := make([]string, len(keys))
+		for i, k := range keys {
+			ids[i] = mqtt.KeyIDOf(k).String()
+		}
+		log.Info("mqtt: desired state is taken only when signed by a trusted key", "keys", ids)
+	} else {
+		log.Warn("mqtt.trustedKeys is empty: desired state from the broker is not checked, so whoever can publish to it can run containers here (docs/mqtt.md, signed desired state)")
+	}
 	s, err := mqtt.New(mqtt.Config{
 		NodeName: cfg.NodeName, Broker: m.Brokers[0], KeepAlive: m.KeepaliveDuration(), MaxMessageBytes: m.MaxMessageBytes,
+		TrustedKeys: keys,
 	}, mqtt.Deps{
 		Dial: dial, Store: st, Clock: clk, Log: log.With("component", "mqtt"), Wire: wire,
 		NodeFacts: func() mqtt.NodeFacts {

@@ -32,7 +32,7 @@ type Bridge struct {
 // DefaultBridge returns the bridge's configuration with every default.
 func DefaultBridge() Bridge {
 	return Bridge{
-		MQTT:     MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, ClientID: "outpost-bridge"},
+		MQTT:     MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, ClientID: "outpost-bridge", TrustedKeys: []string{}},
 		StateDir: "/var/cache/outpost-bridge",
 		Labels:   map[string]string{},
 		API:      API{WriteQPS: 20, WriteBurst: 40},
@@ -67,6 +67,9 @@ func ParseBridge(name string, data []byte) (Bridge, error) {
 		bad("mqtt.brokers", "is empty: the bridge needs a broker")
 	}
 	cfg.MQTT.validate(bad, false)
+	if len(cfg.MQTT.TrustedKeys) > 0 {
+		bad("mqtt.trustedKeys", "is a node's setting; the bridge signs with mqtt.signingKeyFile")
+	}
 	if cfg.Kubeconfig != "" && !filepath.IsAbs(cfg.Kubeconfig) {
 		bad("kubeconfig", "%q is not an absolute path", cfg.Kubeconfig)
 	}

@@ -21,6 +21,8 @@ func TestParseBridge(t *testing.T) {
 		{"mqtt: {brokers: ['ssl://b:8883']}\nlabels: {'a b': x}\n", `bridge.yaml: labels: key "a b" is not a valid label key`},
 		{"mqtt: {brokers: ['ssl://b:8883']}\nmanifestDir: /x\n", "bridge.yaml: manifestDir: unknown field (line 2)"},
 		{"a: 1\n---\nb: 2\n", "bridge.yaml: holds more than one YAML document"},
+		{"mqtt: {brokers: ['ssl://b:8883'], trustedKeys: ['" + testKey + "']}\n", "bridge.yaml: mqtt.trustedKeys: is a node's setting"},
+		{"mqtt: {brokers: ['ssl://b:8883'], signingKeyFile: signing.key}\n", `bridge.yaml: mqtt.signingKeyFile: "signing.key" is not an absolute path`},
 	} {
 		_, err := ParseBridge("bridge.yaml", []byte(tt.src))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {

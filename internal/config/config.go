@@ -4,6 +4,8 @@
 package config
 
 import (
+	"crypto/ed25519"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -110,6 +112,15 @@ type MQTT struct {
 	// (X25519MLKEM768) in TLS handshakes; its key share adds about
 	// 1.2 KiB to each one, so it is off unless asked for.
 	PostQuantumTLS bool `json:"postQuantumTLS"`
+	// TrustedKeys are the bridge's public signing keys, spelled as
+	// `outpost bridge keygen` prints them (ed25519:BASE64). With any,
+	// the node takes only desired state signed by one of them; more
+	// than one lets keys be rotated (docs/mqtt.md). A node's setting.
+	TrustedKeys []string `json:"trustedKeys"`
+	// SigningKeyFile is the bridge's private signing key (PEM, from
+	// `outpost bridge keygen`): it signs every desired envelope. A
+	// bridge's setting.
+	SigningKeyFile string `json:"signingKeyFile"`
 }
 
 // Enabled reports whether the node syncs through MQTT.
@@ -211,7 +222,7 @@ func Default() Config {
 		ContainerLogMaxSize:  "10Mi",
 		ContainerLogMaxFiles: 5,
 		Node:                 Node{Labels: map[string]string{}, Taints: []Taint{}, MaxPods: 110},
-		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20},
+		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, TrustedKeys: []string{}},
 		API:                  API{WriteQPS: 20, WriteBurst: 40},
 		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4, CgroupParent: "/outpost"},
 		Network: Network{
@@ -377,6 +388,9 @@ func (c Config) validate(name string) error {
 		bad("bootstrapKubeconfig", "%q is also kubeconfig; the node's kubeconfig would overwrite the bootstrap credential", c.BootstrapKubeconfig)
 	}
 	c.MQTT.validate(bad, c.Kubeconfig != "" || c.BootstrapKubeconfig != "")
+	if c.MQTT.SigningKeyFile != "" {
+		bad("mqtt.signingKeyFile", "is the bridge's setting; a node trusts the bridge's public key in mqtt.trustedKeys")
+	}
 	for k, v := range c.Node.Labels {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			bad("node.labels", "key %q is not a valid label key: %s", k, errs[0])
@@ -531,6 +545,32 @@ func (m MQTT) validate(bad func(string, string, ...any), withAPI bool) {
 	if m.MaxMessageBytes < 1024 || m.MaxMessageBytes > 256<<20 {
 		bad("mqtt.maxMessageBytes", "%d is not between 1024 and 268435456", m.MaxMessageBytes)
 	}
+	seen := map[string]bool{}
+	for i, k := range m.TrustedKeys {
+		field := fmt.Sprintf("mqtt.trustedKeys[%d]", i)
+		if err := checkPublicKey(k); err != nil {
+			bad(field, "%v", err)
+		} else if seen[k] {
+			bad(field, "%q is listed twice", k)
+		}
+		seen[k] = true
+	}
+	if m.SigningKeyFile != "" && !filepath.IsAbs(m.SigningKeyFile) {
+		bad("mqtt.signingKeyFile", "%q is not an absolute path", m.SigningKeyFile)
+	}
+}
+
+// checkPublicKey checks a key spelled as mqtt.trustedKeys takes it,
+// "ed25519:" and 32 bytes in standard base64.
+func checkPublicKey(k string) error {
+	rest, ok := strings.CutPrefix(k, "ed25519:")
+	if !ok {
+		return fmt.Errorf("%q does not start with \"ed25519:\" (as `outpost bridge keygen` prints keys)", k)
+	}
+	if b, err := base64.StdEncoding.DecodeString(rest); err != nil || len(b) != ed25519.PublicKeySize {
+		return fmt.Errorf("%q is not an ed25519 public key: 32 bytes in base64", k)
+	}
+	return nil
 }
 
 // isLoopback reports whether host is localhost or a loopback address.

@@ -64,6 +64,10 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		{"mqtt: {brokers: ['ssl://b:8883'], username: pi}\n", "config.yaml: mqtt.passwordFile: mqtt.username and mqtt.passwordFile go together"},
 		{"mqtt: {brokers: ['ssl://b:8883'], maxMessageBytes: 10}\n", "config.yaml: mqtt.maxMessageBytes: 10 is not between 1024 and 268435456"},
 		{"mqtt: {brokers: ['ssl://user:pw@b:8883']}\n", "config.yaml: mqtt.brokers[0]: \"ssl://user:xxxxx@b:8883\" has credentials in it"},
+		{"mqtt: {brokers: ['ssl://b:8883'], trustedKeys: ['AAAA']}\n", `config.yaml: mqtt.trustedKeys[0]: "AAAA" does not start with "ed25519:"`},
+		{"mqtt: {brokers: ['ssl://b:8883'], trustedKeys: ['ed25519:AAAA']}\n", `config.yaml: mqtt.trustedKeys[0]: "ed25519:AAAA" is not an ed25519 public key: 32 bytes in base64`},
+		{"mqtt: {brokers: ['ssl://b:8883'], trustedKeys: ['" + testKey + "', '" + testKey + "']}\n", "config.yaml: mqtt.trustedKeys[1]: \"" + testKey + "\" is listed twice"},
+		{"mqtt: {brokers: ['ssl://b:8883'], signingKeyFile: /etc/outpost/signing.key}\n", "config.yaml: mqtt.signingKeyFile: is the bridge's setting"},
 	}
 	for _, tt := range tests {
 		_, err := Parse("config.yaml", []byte(tt.src))
@@ -75,6 +79,19 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		if !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%q:\n got %s\nwant %s", tt.src, err, tt.want)
 		}
+	}
+}
+
+// testKey is an ed25519 public key as mqtt.trustedKeys spells it.
+const testKey = "ed25519:11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="
+
+func TestTrustedKeys(t *testing.T) {
+	cfg, err := Parse("config.yaml", []byte("mqtt: {brokers: ['ssl://b:8883'], trustedKeys: ['"+testKey+"']}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.MQTT.TrustedKeys) != 1 || cfg.MQTT.TrustedKeys[0] != testKey {
+		t.Errorf("trustedKeys = %q", cfg.MQTT.TrustedKeys)
 	}
 }
 

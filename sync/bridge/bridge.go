@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,6 +47,10 @@ type Config struct {
 	IndexWait time.Duration
 	// RequestTimeout bounds each publish and subscribe (default 30 s).
 	RequestTimeout time.Duration
+	// Signer, if set, signs every desired envelope (mqtt.trustedKeys on
+	// the nodes holds its public key), and deletes are signed
+	// tombstones.
+	Signer *mqtt.Signer
 }
 
 func (c *Config) setDefaults() {
@@ -99,6 +104,9 @@ type Bridge struct {
 
 	cluster *publisher
 	stats   Stats
+	// own checks what the bridge signed itself (Config.Signer), nil
+	// without a signer.
+	own *mqtt.Keyring
 }
 
 // Stats are the bridge's counters.
@@ -118,10 +126,32 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
 	cfg.setDefaults()
-	return &Bridge{
+	b := &Bridge{
 		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
 		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
-	}, nil
+	}
+	if cfg.Signer != nil {
+		b.own = mqtt.NewKeyring(cfg.Signer.Public())
+	}
+	return b, nil
+}
+
+// seal lays out e for topic, signed when the bridge has a signer.
+func (b *Bridge) seal(topic string, e mqtt.Envelope) []byte {
+	if b.cfg.Signer == nil {
+		return e.Marshal()
+	}
+	return b.cfg.Signer.Seal(topic, e)
+}
+
+// checkOwn reports whether payload (decoded as e) at topic was signed
+// by the bridge's own key; always true without a signer.
+func (b *Bridge) checkOwn(topic string, payload []byte, e mqtt.Envelope) error {
+	if b.own == nil {
+		return nil
+	}
+	_, err := b.own.Verify(topic, payload, e)
+	return err
 }
 
 // Stats returns the bridge's counters.
@@ -452,9 +482,23 @@ func (b *Bridge) noteIndex(t mqtt.Topic, payload []byte) {
 		delete(b.retained, topic)
 		return
 	}
+	// An index the bridge did not sign with its key now (unsigned,
+	// signed with a key rotated out, or forged) says nothing of what
+	// the broker holds: every object is published again, signed. Its
+	// generations are taken only up to a day ahead of the clock, so a
+	// forged one cannot run them out.
+	limit := uint64(math.MaxUint64)
+	if err := b.checkOwn(topic, payload, e); err != nil {
+		b.log.Info("index on the broker not signed with the bridge's key; its objects are published again, signed", "topic", topic, "reason", err)
+		x.Hashes = nil
+		limit = uint64(b.deps.Clock.Now().Add(24 * time.Hour).UnixMilli())
+	}
 	b.retained[topic] = x
-	b.gen = max(b.gen, x.Generation)
-	for _, g := range x.Entries {
+	for _, g := range append(slices.Collect(maps.Values(x.Entries)), x.Generation) {
+		if g > limit {
+			b.log.Warn("generation on the broker too far ahead of the clock; ignored", "topic", topic, "generation", g)
+			continue
+		}
 		b.gen = max(b.gen, g)
 	}
 }

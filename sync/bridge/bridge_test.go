@@ -254,3 +254,112 @@ func TestNodePodStatusIntoTheJournal(t *testing.T) {
 		t.Error("garbage accepted")
 	}
 }
+
+// A signing bridge signs every object and index for its topic, deletes
+// with a signed tombstone before the empty retained message, publishes
+// everything again when the broker's index was signed by another key
+// (a rotation, or a forgery), and takes no generation from such an
+// index that runs far ahead of its clock.
+func TestSigningPublisher(t *testing.T) {
+	b, st, clk := testBridge(t)
+	key, err := mqtt.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Signer = mqtt.NewSigner(key)
+	b.own = mqtt.NewKeyring(b.cfg.Signer.Public())
+	node := mqtt.NewKeyring(b.cfg.Signer.Public())
+	for _, p := range []*corev1.Pod{bridgePod("a", "busybox"), bridgePod("b", "busybox")} {
+		if err := st.Pods().Put(store.SourceAPI, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := &publisher{b: b, scope: mqtt.ScopeNode, node: "pi-1", st: st}
+	conn := &recConn{done: make(chan struct{})}
+	ctx := context.Background()
+	index := mqtt.NodeIndexTopic("pi-1")
+	verified := func(pubs []recPub) {
+		t.Helper()
+		for _, p := range pubs {
+			if len(p.payload) == 0 {
+				continue
+			}
+			e, err := mqtt.UnmarshalEnvelope(p.payload)
+			if err != nil {
+				t.Fatalf("%s: %v", p.topic, err)
+			}
+			if _, err := node.Verify(p.topic, p.payload, e); err != nil {
+				t.Errorf("%s: %v", p.topic, err)
+			}
+		}
+	}
+
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got := conn.take()
+	if len(got) != 3 {
+		t.Fatalf("first pass published %v", topics(got))
+	}
+	verified(got)
+	signedIndex := got[2].payload
+
+	// The bridge restarted: its own index read back, nothing to send.
+	b.retained = map[string]mqtt.Index{}
+	b.noteIndex(mustTopic(t, index), signedIndex)
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if got := conn.take(); len(got) != 0 {
+		t.Fatalf("with its own index read back published %v", topics(got))
+	}
+
+	// A delete: a signed tombstone, then the empty retained message.
+	if _, err := st.Pods().Delete("default", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got = conn.take()
+	bTopic := mqtt.DesiredTopic("pi-1", mqtt.KindPods, "default", "b")
+	if len(got) != 3 || got[0].topic != bTopic || got[1].topic != bTopic || len(got[1].payload) != 0 || got[2].topic != index {
+		t.Fatalf("a delete published %v", topics(got))
+	}
+	verified(got)
+	if e, _ := mqtt.UnmarshalEnvelope(got[0].payload); e.Encoding != mqtt.EncodingTombstone || e.Kind != "Pod" {
+		t.Errorf("a delete sent %+v, want a Pod tombstone", e)
+	}
+
+	// The broker's index signed with another key, with a generation far
+	// ahead: everything is sent again, signed, and the generations stay
+	// near the clock.
+	other, _ := mqtt.GenerateKey()
+	forged := mqtt.Index{Generation: 1 << 62, Entries: map[string]uint64{"pods/default/a": 1 << 62}, Hashes: map[string]string{}}
+	e, _ := mqtt.UnmarshalEnvelope(signedIndex)
+	x, _ := mqtt.ParseIndex(e, mqtt.ScopeNode)
+	forged.Hashes["pods/default/a"] = x.Hashes["pods/default/a"]
+	b.retained = map[string]mqtt.Index{}
+	b.noteIndex(mustTopic(t, index), mqtt.NewSigner(other).Seal(index, forged.Envelope()))
+	clk.Advance(time.Second)
+	if err := pub.pass(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got = conn.take()
+	if len(got) != 2 || got[0].topic != mqtt.DesiredTopic("pi-1", mqtt.KindPods, "default", "a") || got[1].topic != index {
+		t.Fatalf("after an index of another key published %v", topics(got))
+	}
+	verified(got)
+	if e, _ := mqtt.UnmarshalEnvelope(got[0].payload); e.Generation >= 1<<62 {
+		t.Errorf("generation %d taken from the forged index", e.Generation)
+	}
+}
+
+func mustTopic(t *testing.T, s string) mqtt.Topic {
+	t.Helper()
+	tp, err := mqtt.ParseTopic(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tp
+}

@@ -169,7 +169,8 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 		}
 		gen := p.b.nextGen()
 		env := mqtt.Envelope{Kind: o.kind, Generation: gen, Encoding: mqtt.EncodingProtobuf, Issued: p.b.deps.Clock.Now(), Body: o.body}
-		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, o.topic, true, env.Marshal()) }); err != nil {
+		payload := p.b.seal(o.topic, env)
+		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, o.topic, true, payload) }); err != nil {
 			return err
 		}
 		p.b.countPublished()
@@ -184,25 +185,45 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 		if err != nil {
 			continue
 		}
-		// An empty retained message deletes it on the broker and, for
-		// a node subscribed now, in its store.
-		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, t, true, nil) }); err != nil {
+		if err := p.remove(ctx, conn, t, keyKind(key)); err != nil {
 			return err
 		}
-		p.b.countPublished()
 		changed = true
 	}
 	if !changed && have.Entries != nil {
 		return nil
 	}
 	next.Generation = p.b.nextGen()
+	payload := p.b.seal(topic, next.Envelope())
 	if err := p.b.request(ctx, func(ctx context.Context) error {
-		return conn.Publish(ctx, topic, true, next.Envelope().Marshal())
+		return conn.Publish(ctx, topic, true, payload)
 	}); err != nil {
 		return err
 	}
 	p.b.countPublished()
 	p.b.setRetained(topic, next)
+	return nil
+}
+
+// remove deletes the object at topic (of the envelope kind kind). A
+// signing bridge first sends a signed tombstone, not retained: nodes
+// that trust keys delete on nothing less (an offline node learns of the
+// delete from the signed index, which no longer lists the object). The
+// empty retained message then deletes it on the broker and, on a node
+// that trusts no key, in its store.
+func (p *publisher) remove(ctx context.Context, conn mqtt.Conn, topic, kind string) error {
+	if p.b.cfg.Signer != nil && kind != "" {
+		e := mqtt.Envelope{Kind: kind, Generation: p.b.nextGen(), Encoding: mqtt.EncodingTombstone, Issued: p.b.deps.Clock.Now()}
+		payload := p.b.seal(topic, e)
+		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, topic, false, payload) }); err != nil {
+			return err
+		}
+		p.b.countPublished()
+	}
+	if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, topic, true, nil) }); err != nil {
+		return err
+	}
+	p.b.countPublished()
 	return nil
 }
 
@@ -223,6 +244,9 @@ func (b *Bridge) countPublished() {
 	b.stats.Published++
 	b.mu.Unlock()
 }
+
+// keyKind is the envelope kind of an index key, or "".
+func keyKind(key string) string { return mqtt.EnvelopeKind(splitKey(key)[0]) }
 
 // keyTopic is the topic of an index key of p's scope.
 func keyTopic(p *publisher, key string) (string, error) {

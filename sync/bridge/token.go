@@ -97,7 +97,7 @@ func (n *node) recoverTokens(ctx context.Context, conn mqtt.Conn, pods []*corev1
 	}
 	for topic, payload := range got {
 		p := byTopic[topic]
-		sec, err := tokensFromPayload(payload, p)
+		sec, err := n.b.tokensFromPayload(topic, payload, p)
 		if err != nil {
 			n.b.log.Info("pod tokens on the broker not used; requesting them anew", "node", n.name, "topic", topic, "reason", err)
 			continue
@@ -108,10 +108,14 @@ func (n *node) recoverTokens(ctx context.Context, conn mqtt.Conn, pods []*corev1
 	}
 }
 
-// tokensFromPayload decodes a retained tokens Secret of pod p.
-func tokensFromPayload(payload []byte, p *corev1.Pod) (*corev1.Secret, error) {
+// tokensFromPayload decodes a retained tokens Secret of pod p at topic;
+// a signing bridge takes only one it signed itself.
+func (b *Bridge) tokensFromPayload(topic string, payload []byte, p *corev1.Pod) (*corev1.Secret, error) {
 	e, err := mqtt.UnmarshalEnvelope(payload)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.checkOwn(topic, payload, e); err != nil {
 		return nil, err
 	}
 	if e.Kind != "Secret" || e.Encoding != mqtt.EncodingProtobuf {

@@ -27,6 +27,9 @@ type DecodedHeader struct {
 	Encoding   string    `json:"encoding"`
 	Issued     time.Time `json:"issued,omitzero"`
 	BodyBytes  int       `json:"bodyBytes"`
+	// SignedBy is the key id of the signature (the first 8 bytes of the
+	// SHA-256 of the public key, in hex), not checked.
+	SignedBy string `json:"signedBy,omitempty"`
 }
 
 // Decode reads any outpost payload: the online flag, an empty payload,
@@ -43,6 +46,9 @@ func Decode(payload []byte) (Decoded, error) {
 		return Decoded{}, err
 	}
 	d := Decoded{Envelope: &DecodedHeader{Kind: e.Kind, Generation: e.Generation, Encoding: e.Encoding.String(), Issued: e.Issued, BodyBytes: len(e.Body)}}
+	if len(e.Signature) == sigFieldLen {
+		d.Envelope.SignedBy = KeyID(e.Signature[:keyIDLen]).String()
+	}
 	switch e.Encoding {
 	case EncodingTombstone:
 		return d, nil

@@ -19,6 +19,10 @@ var kubeKinds = map[string]string{
 	KindServices: "Service", KindEndpointSlices: "EndpointSlice",
 }
 
+// EnvelopeKind is the envelope's kind of a topic's kind (pods: Pod), or
+// "" for a kind that is not desired state.
+func EnvelopeKind(topicKind string) string { return kubeKinds[topicKind] }
+
 // Reasons a message is rejected, the metric's reason label.
 const (
 	rejectSize     = "size"

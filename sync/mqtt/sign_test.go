@@ -33,6 +33,10 @@ func TestSealVerify(t *testing.T) {
 	if got.Kind != e.Kind || got.Generation != e.Generation || !bytes.Equal(got.Body, e.Body) || !got.Issued.Equal(e.Issued) {
 		t.Fatalf("sealed envelope decodes as %+v, want %+v", got, e)
 	}
+	// The body is no pod: Decode fails on it, after the header.
+	if d, _ := Decode(payload); d.Envelope == nil || d.Envelope.SignedBy != s.ID().String() {
+		t.Errorf("outpost mqtt decode shows %+v; want signedBy %s", d.Envelope, s.ID())
+	}
 	if id, err := keys.Verify(topic, payload, got); err != nil || id != s.ID() {
 		t.Fatalf("Verify = %s, %v; want %s, nil", id, err, s.ID())
 	}

@@ -36,9 +36,23 @@ type mqttSetup struct {
 	bridgeLog string
 	bridge    *exec.Cmd
 	bridgeEnd chan struct{}
+	// signingKey is the bridge's signing key file, with signed.
+	signingKey string
+}
+
+// mqttOptions change newMQTTSetupWith's setup.
+type mqttOptions struct {
+	// signed makes a signing key with `outpost bridge keygen`, for the
+	// bridge's mqtt.signingKeyFile and the node's mqtt.trustedKeys.
+	signed bool
 }
 
 func newMQTTSetup(t *testing.T, name string) *mqttSetup {
+	t.Helper()
+	return newMQTTSetupWith(t, name, mqttOptions{})
+}
+
+func newMQTTSetupWith(t *testing.T, name string, o mqttOptions) *mqttSetup {
 	t.Helper()
 	api := env.StartAPIServer(t)
 	s := &mqttSetup{t: t, api: api, adm: newAdmin(t, api)}
@@ -52,6 +66,16 @@ func newMQTTSetup(t *testing.T, name string) *mqttSetup {
 	}
 	cert, key := s.broker.Issue(t, "outpost:bridge")
 	s.bridgeCfg, s.bridgeLog = filepath.Join(dir, "bridge.yaml"), filepath.Join(dir, "bridge.log")
+	var signing, trusted string
+	if o.signed {
+		s.signingKey = filepath.Join(dir, "signing.key")
+		out, err := exec.Command(outpostBin, "bridge", "keygen", s.signingKey).CombinedOutput()
+		if err != nil {
+			t.Fatalf("outpost bridge keygen: %v: %s", err, out)
+		}
+		signing = "  signingKeyFile: " + s.signingKey + "\n"
+		trusted = fmt.Sprintf("  trustedKeys: [%q]\n", strings.TrimSpace(string(out)))
+	}
 	cfg := fmt.Sprintf(`kubeconfig: %s
 mqtt:
   brokers: [%q]
@@ -59,9 +83,9 @@ mqtt:
   certFile: %s
   keyFile: %s
   keepalive: 10s
-stateDir: %s
+%sstateDir: %s
 log: {level: debug}
-`, kc, s.broker.URL, s.broker.CAFile, cert, key, filepath.Join(dir, "scratch"))
+`, kc, s.broker.URL, s.broker.CAFile, cert, key, signing, filepath.Join(dir, "scratch"))
 	if err := os.WriteFile(s.bridgeCfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +97,7 @@ log: {level: debug}
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(f, "mqtt:\n  brokers: [%q]\n  caFile: %s\n  certFile: %s\n  keyFile: %s\n  keepalive: 5s\n", s.broker.URL, s.broker.CAFile, ncert, nkey)
+	fmt.Fprintf(f, "mqtt:\n  brokers: [%q]\n  caFile: %s\n  certFile: %s\n  keyFile: %s\n  keepalive: 5s\n%s", s.broker.URL, s.broker.CAFile, ncert, nkey, trusted)
 	f.Close()
 	s.fwd = s.node.forward(s.broker.Addr)
 	t.Cleanup(func() {
