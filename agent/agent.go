@@ -79,6 +79,9 @@ type Agent struct {
 	manifestPrint  string
 
 	watchErr string // why the manifest dir is not watched; owned by Run
+	// manifestEvent, if set before Run (tests), is told of every event
+	// the manifest watch reads: the name, and whether it woke the loop.
+	manifestEvent func(name string, woke bool)
 }
 
 // New checks cfg and returns an agent; it starts nothing.
@@ -217,7 +220,7 @@ func (a *Agent) manifestWait(w *manifestWatch) time.Duration {
 // watchManifests starts watching the manifest directory, or returns nil
 // when it cannot, logging why when that changes.
 func (a *Agent) watchManifests() *manifestWatch {
-	w, err := watchManifests(a.cfg.ManifestDir)
+	w, err := watchManifests(a.cfg.ManifestDir, a.manifestEvent)
 	why := ""
 	if err != nil {
 		why = err.Error()

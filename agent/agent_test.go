@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,13 +191,42 @@ func TestRunWatchIgnoresOtherNames(t *testing.T) {
 	f := newFixture(t)
 	changes, stop := f.st.Subscribe(store.KindPod)
 	defer stop()
+	var mu sync.Mutex
+	woke := map[string]bool{}
+	f.agent.manifestEvent = func(name string, w bool) {
+		mu.Lock()
+		woke[name] = woke[name] || w
+		mu.Unlock()
+	}
 	f.runAgent(t)
 	f.waitWaiters(t, 1, "the resync timer")
-	for _, name := range []string{".web.yaml.swp", "web.yaml.bak", "web.yaml~", ".hidden.yaml", "notes.txt"} {
+	others := []string{".web.yaml.swp", "web.yaml.bak", "web.yaml~", ".hidden.yaml", "notes.txt"}
+	for _, name := range others {
 		f.write(t, name, pod("web", "busybox:1"))
 	}
 	os.Remove(filepath.Join(f.dir, "notes.txt"))
-	time.Sleep(200 * time.Millisecond)
+	// The watch reads events in order: once it saw the last name, it
+	// saw every one before it.
+	f.write(t, "zz-last.txt", "")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		_, done := woke["zz-last.txt"]
+		seen := maps.Clone(woke)
+		mu.Unlock()
+		if done {
+			for _, name := range append(others, "zz-last.txt") {
+				if w, ok := seen[name]; !ok || w {
+					t.Errorf("%s: seen %v, woke the agent %v; want seen, not woken", name, ok, w)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the manifest watch did not see zz-last.txt within 10s; saw %v", seen)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if n := f.clock.Waiters(); n != 1 {
 		t.Fatalf("fake clock has %d waiters after writing other names, want only the resync timer", n)
 	}

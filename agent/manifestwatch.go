@@ -23,6 +23,8 @@ type manifestWatch struct {
 	// done is closed when the watch has ended: Close was called, or the
 	// directory was removed or renamed, or reading failed.
 	done chan struct{}
+	// seen, if set, is told of each event's name and whether it woke.
+	seen func(name string, woke bool)
 }
 
 // manifestEvents are the events that may change what a manifest file
@@ -32,8 +34,9 @@ const manifestEvents = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.I
 	unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_ATTRIB |
 	unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_EXCL_UNLINK
 
-// watchManifests starts watching dir. The caller must Close the watch.
-func watchManifests(dir string) (*manifestWatch, error) {
+// watchManifests starts watching dir; seen, if not nil, is told of every
+// event (tests). The caller must Close the watch.
+func watchManifests(dir string, seen func(name string, woke bool)) (*manifestWatch, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("watch manifest dir %s: inotify: %w", dir, err)
@@ -48,6 +51,7 @@ func watchManifests(dir string) (*manifestWatch, error) {
 		f:       os.NewFile(uintptr(fd), "inotify:"+dir),
 		changed: make(chan struct{}, 1),
 		done:    make(chan struct{}),
+		seen:    seen,
 	}
 	go w.read()
 	return w, nil
@@ -67,13 +71,17 @@ func (w *manifestWatch) read() {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			name := buf[off+unix.SizeofInotifyEvent : min(off+unix.SizeofInotifyEvent+int(ev.Len), n)]
 			off += unix.SizeofInotifyEvent + int(ev.Len)
+			file := string(bytes.TrimRight(name, "\x00"))
+			woke := false
 			switch {
 			case ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0:
 				ended = true // done says so; the agent reads at once
-			case ev.Mask&unix.IN_Q_OVERFLOW != 0:
+			case ev.Mask&unix.IN_Q_OVERFLOW != 0, staticpods.IsManifest(file):
+				woke = true
 				w.notify()
-			case staticpods.IsManifest(string(bytes.TrimRight(name, "\x00"))):
-				w.notify()
+			}
+			if w.seen != nil {
+				w.seen(file, woke)
 			}
 		}
 		if ended {

@@ -161,10 +161,13 @@ func TestImageDirWatchStopsWithContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.watch(ctx, clk, imagePollInterval); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
 	for clk.Waiters() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch loop never waited on the clock")
+		}
 		time.Sleep(time.Millisecond)
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	for {
 		clk.Advance(imagePollInterval)
 		imp.mu.Lock()
@@ -179,5 +182,9 @@ func TestImageDirWatchStopsWithContext(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch loop did not stop within 5s of its context's end")
+	}
 }

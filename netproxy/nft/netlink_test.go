@@ -23,26 +23,29 @@ import (
 
 // nlNetNS returns a fresh network namespace (see newNetNS), skipping the
 // test when not root or when this kernel (or emulator) has no nftables
-// netlink.
+// netlink (any other failure fails it).
 func nlNetNS(t *testing.T) int {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and nftables tables")
 	}
-	if err := Available(); err != nil {
-		t.Skipf("no nftables netlink: %v", err)
+	if err := Available(); errors.Is(err, unix.EPROTONOSUPPORT) {
+		// The one error that means this kernel has no nfnetlink.
+		t.Skipf("this kernel has no nftables netlink: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
 	}
 	return newNetNS(t)
 }
 
 // nftListTable returns `nft list table inet outpost` run in the netns, or
-// "" when there is no table; it skips the test when nft or nsenter is
+// "" when there is no table; it fails the test when nft or nsenter is
 // missing.
 func nftListTable(t *testing.T, nsfd int) string {
 	t.Helper()
 	for _, tool := range []string{"nft", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
+			t.Fatalf("%s not installed: as root the kernel tests need it (`make test` installs it)", tool)
 		}
 	}
 	dup, err := unix.Dup(nsfd)

@@ -29,14 +29,16 @@ type Registry struct {
 
 // StartRegistry starts a registry on a free loopback port with storage in
 // a temp dir and a config file it writes, waits for /v2/ to answer, and
-// stops it in t's cleanup. It skips t when not root or when the registry
-// binary is missing (`make testenv` builds it).
+// stops it in t's cleanup. It skips t when not root, and fails it when
+// the registry binary is missing (`make testenv` builds it).
 func StartRegistry(t testing.TB) *Registry {
 	t.Helper()
 	RequireRoot(t)
 	bin := filepath.Join(ToolsDir(), "bin", "registry")
 	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("registry not found at %s: run `make testenv` (as root) to build it", bin)
+		// As root the environment is expected: a missing tool is a
+		// failure, not a reason to pass.
+		t.Fatalf("registry not found at %s: run `make testenv` (as root) to build it", bin)
 	}
 	dir := t.TempDir()
 	port := FreePort(t)
