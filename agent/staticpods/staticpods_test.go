@@ -396,7 +396,7 @@ kind: ConfigMap
 metadata: {name: cfg}
 data:
   good: x
-  bad/key: y
+  bad/key: v
 `, []string{`bad.yaml: document 1 (ConfigMap cfg): data["bad/key"]: is invalid: a valid config key must consist of alphanumeric characters, '-', '_' or '.'`, "(line 6)"}},
 		{"key in data and binaryData", `apiVersion: v1
 kind: ConfigMap
@@ -426,7 +426,7 @@ kind: Secret
 metadata: {name: creds}
 stringData:
   "..": x
-  ok: y
+  ok: v
 data:
   "z z": eA==
   "a a": eA==
@@ -637,7 +637,7 @@ func TestParseInvalidPod(t *testing.T) {
 		}
 	})
 	t.Run("a manifest cannot mark its pod invalid", func(t *testing.T) {
-		src := strings.Replace(webPod, "labels: {app: web}", "annotations: {outpost-edge.io/invalid: no}", 1)
+		src := strings.Replace(webPod, "labels: {app: web}", "annotations: {outpost-edge.io/invalid: 'no'}", 1)
 		got := Parse("web.yaml", []byte(src), "n")
 		if len(got.Pods) != 1 || len(got.Invalid) != 0 {
 			t.Fatalf("pods=%d invalid=%v errors=%v", len(got.Pods), got.Invalid, got.Errors)

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	yaml11 "go.yaml.in/yaml/v2"
 	yaml "go.yaml.in/yaml/v3"
 )
 
@@ -120,6 +121,10 @@ func check(n *yaml.Node, t reflect.Type, path string, st *state) {
 	if n.Kind == yaml.AliasNode {
 		n = n.Alias
 	}
+	if msg := yaml11Differs(n); msg != "" {
+		fail(n, "%s", msg)
+		return
+	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return
 	}
@@ -173,6 +178,16 @@ func check(n *yaml.Node, t reflect.Type, path string, st *state) {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Kind != yaml.ScalarNode {
 				*errs = append(*errs, &FieldError{Path: path, Line: k.Line, Msg: "map key must be a scalar"})
+				continue
+			}
+			if msg := yaml11Differs(k); msg != "" {
+				*errs = append(*errs, &FieldError{Path: join(path, k.Value), Line: k.Line, Msg: "key " + msg})
+				continue
+			}
+			if k.Tag != "!!str" {
+				// kubectl would make a string of it, and 0 and 00 the
+				// same key.
+				*errs = append(*errs, &FieldError{Path: join(path, k.Value), Line: k.Line, Msg: fmt.Sprintf("want a string key, got %s (quote it)", describe(k))})
 				continue
 			}
 			if line, dup := first[k.Value]; dup {
@@ -232,6 +247,51 @@ func check(n *yaml.Node, t reflect.Type, path string, st *state) {
 			fail(n, "want a number, got %s", describe(n))
 		}
 	}
+}
+
+// yaml11Differs says why a plain scalar means one thing here (YAML 1.2)
+// and another to kubectl and the API machinery, which read YAML 1.1
+// (sigs.k8s.io/yaml): `yes`, `on`, `Y` are booleans there, 0777 is
+// octal, 1_000 a number. Such a scalar must be quoted, so a file means
+// the same to outpost as to kubectl. "" when it means the same.
+func yaml11Differs(n *yaml.Node) string {
+	if n.Kind != yaml.ScalarNode || n.Style&(yaml.TaggedStyle|yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 || n.Value == "" {
+		return ""
+	}
+	var ours any
+	if n.Decode(&ours) != nil {
+		return ""
+	}
+	var doc map[string]any
+	if yaml11.Unmarshal([]byte("v: "+n.Value+"\n"), &doc) != nil {
+		return ""
+	}
+	theirs, ok := doc["v"]
+	if !ok {
+		return ""
+	}
+	if reflect.DeepEqual(ours, theirs) || fmt.Sprint(ours) == fmt.Sprint(theirs) && reflect.TypeOf(ours) == reflect.TypeOf(theirs) {
+		return ""
+	}
+	// The value is not repeated: it may be a secret.
+	return fmt.Sprintf("means a %s to kubectl, which reads YAML 1.1, and a %s here: quote it", kindOf(theirs), kindOf(ours))
+}
+
+// kindOf names the YAML type of a decoded scalar.
+func kindOf(v any) string {
+	switch v.(type) {
+	case bool:
+		return "boolean"
+	case int, int64, uint64:
+		return "integer"
+	case float64:
+		return "number"
+	case string:
+		return "string"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%T", v)
 }
 
 func describe(n *yaml.Node) string {

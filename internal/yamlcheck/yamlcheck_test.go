@@ -152,7 +152,7 @@ func TestDecodeBase64AndMapKeys(t *testing.T) {
 		{"bad base64", "type: Opaque\ndata:\n  password: hunter2\n", "data.password: want base64 text: illegal base64 data at input byte 4 (line 3)", "hunter2"},
 		{"number", "data:\n  pin: 12345678\n", "data.pin: want base64 text, got a YAML int (quote it) (line 2)", "12345678"},
 		{"binary tag", "data:\n  a: !!binary aGVsbG8=\n", "data.a: the !!binary tag is not supported; write the base64 text untagged (line 2)", ""},
-		{"duplicate map key", "stringData:\n  a: x\n  b: y\n  a: z\n", "stringData.a: duplicate key (first at line 2) (line 4)", ""},
+		{"duplicate map key", "stringData:\n  a: x\n  b: w\n  a: z\n", "stringData.a: duplicate key (first at line 2) (line 4)", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
