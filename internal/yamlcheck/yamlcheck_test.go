@@ -177,3 +177,43 @@ func TestDecodeBase64AndMapKeys(t *testing.T) {
 		})
 	}
 }
+
+// A plain scalar YAML 1.1 reads as something else must be quoted; the
+// same quoted, or one both read alike, is taken.
+func TestYAML11Ambiguous(t *testing.T) {
+	for _, v := range []string{"no", "on", "Y", "off", "0777", "1_000", "0b11"} {
+		src := "data:\n  k: " + v + "\n"
+		docs, err := Documents([]byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cm corev1.ConfigMap
+		err = Decode(docs[0], &cm)
+		if err == nil || !strings.Contains(err.Error(), "data.k: ") || !strings.Contains(err.Error(), "quote it) (line 2)") && !strings.Contains(err.Error(), "quote it (line 2)") {
+			t.Errorf("%s: %v (decoded %q)", v, err, cm.Data)
+		}
+		docs, _ = Documents([]byte("data:\n  k: '" + v + "'\n"))
+		if err := Decode(docs[0], &cm); err != nil || cm.Data["k"] != v {
+			t.Errorf("'%s': %v, %q", v, err, cm.Data)
+		}
+	}
+	for _, src := range []string{"data: {k: hello}\n", "data: {k: 'true'}\n", "spec: {terminationGracePeriodSeconds: 30}\n", "metadata: {labels: {'1': x}}\n"} {
+		docs, _ := Documents([]byte(src))
+		var p corev1.Pod
+		var cm corev1.ConfigMap
+		var err error
+		if strings.HasPrefix(src, "data") {
+			err = Decode(docs[0], &cm)
+		} else {
+			err = Decode(docs[0], &p)
+		}
+		if err != nil {
+			t.Errorf("%q: %v", src, err)
+		}
+	}
+	docs, _ := Documents([]byte("metadata: {labels: {1: x}}\n"))
+	var p corev1.Pod
+	if err := Decode(docs[0], &p); err == nil || !strings.Contains(err.Error(), "want a string key, got number 1 (quote it)") {
+		t.Errorf("an unquoted number key: %v", err)
+	}
+}
