@@ -25,6 +25,8 @@ type pkg struct {
 	path     string
 	standard bool
 	imports  []string
+	// testImports are the imports of its _test.go files.
+	testImports []string
 }
 
 func goList(t *testing.T, goos, goarch string, patterns ...string) []pkg {
@@ -32,10 +34,12 @@ func goList(t *testing.T, goos, goarch string, patterns ...string) []pkg {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go command not in PATH")
 	}
-	args := append([]string{"list", "-tags", buildTags, "-deps", "-f", `{{.ImportPath}}|{{.Standard}}|{{join .Imports ","}}`}, patterns...)
+	args := append([]string{"list", "-tags", buildTags, "-deps", "-f", `{{.ImportPath}}|{{.Standard}}|{{join .Imports ","}}|{{join .TestImports ","}},{{join .XTestImports ","}}`}, patterns...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0", "GOFLAGS=-mod=mod -buildvcs=false")
+	// -mod=readonly: a go.mod or go.sum that needs a change fails the
+	// test instead of being rewritten under the developer.
+	cmd.Env = append(os.Environ(), "GOOS="+goos, "GOARCH="+goarch, "CGO_ENABLED=0", "GOFLAGS=-mod=readonly -buildvcs=false")
 	out, err := cmd.Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -45,10 +49,15 @@ func goList(t *testing.T, goos, goarch string, patterns ...string) []pkg {
 	}
 	var pkgs []pkg
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.SplitN(line, "|", 3)
+		f := strings.SplitN(line, "|", 4)
 		p := pkg{path: f[0], standard: f[1] == "true"}
 		if f[2] != "" {
 			p.imports = strings.Split(f[2], ",")
+		}
+		for _, imp := range strings.Split(f[3], ",") {
+			if imp != "" && !slices.Contains(p.testImports, imp) {
+				p.testImports = append(p.testImports, imp)
+			}
 		}
 		pkgs = append(pkgs, p)
 	}
@@ -130,6 +139,16 @@ var adapters = []struct{ dep, only string }{
 	{"k8s.io/client-go", "sync/kube"},
 	{"github.com/eclipse/paho.mqtt.golang", "sync/mqtt"},
 	{"go.etcd.io/bbolt", "store"},
+	{"github.com/mdlayher/netlink", "netproxy/nft"},
+	{"github.com/vishvananda/netns", "netproxy/podnet"},
+	{"google.golang.org/grpc", "agent/prober"},
+}
+
+// testAdapterExtra lets a tree's tests use a dependency its code does
+// not: agent/server's tests are the API server's side of exec, attach
+// and port-forward (client-go's SPDY streams), as kubectl's are.
+var testAdapterExtra = map[string][]string{
+	"k8s.io/client-go": {"agent/server"},
 }
 
 // adapterExtra lets a second tree use a dependency where DESIGN.md says so.
@@ -137,6 +156,21 @@ var adapterExtra = map[string][]string{
 	"k8s.io/client-go": {"sync/bridge"},
 }
 
+// testEnvAllowed lets a package's own tests start parts of the end-to-end
+// environment (test/e2e/env), with the reason they are not under test/.
+var testEnvAllowed = map[string]string{
+	// Its tests drive its unexported loops (the watches, the status
+	// patches, the certificate rotation) against a real API server, at
+	// a fake clock; from test/ they could reach only what the agent's
+	// binary shows.
+	"sync/kube": "tests of unexported loops against a real kube-apiserver",
+}
+
+// TestPackageLayering checks the layout's rules on every package and on
+// its test files too: a unit test may use what its package may (and the
+// test support of its own tree), nothing under test/; a test that needs
+// the end-to-end environment (a real API server, containerd, a netns)
+// lives under test/.
 func TestPackageLayering(t *testing.T) {
 	for _, p := range goList(t, "linux", "amd64", "./...") {
 		if !under(p.path, module) {
@@ -146,6 +180,19 @@ func TestPackageLayering(t *testing.T) {
 		for _, r := range layerRules {
 			if !under(rel, r.from) {
 				continue
+			}
+			for _, imp := range p.testImports {
+				if strings.HasSuffix(imp, "_test") || under(imp, p.path) {
+					continue // its own external test package
+				}
+				if _, ok := testEnvAllowed[rel]; ok && under(imp, own("test/e2e/env")) {
+					continue
+				}
+				for _, f := range r.forbid {
+					if under(imp, own(f)) {
+						t.Errorf("a test of %s imports %s: DESIGN.md forbids %s/ importing %s/ (a test that needs it goes under test/)", rel, strings.TrimPrefix(imp, module+"/"), r.from, f)
+					}
+				}
 			}
 			for _, imp := range p.imports {
 				for _, f := range r.forbid {
@@ -161,12 +208,16 @@ func TestPackageLayering(t *testing.T) {
 		if under(rel, "test") || under(rel, "cmd") {
 			continue // tests and main may reach anything
 		}
-		for _, imp := range p.imports {
+		for i, imp := range append(p.imports, p.testImports...) {
+			inTest := i >= len(p.imports)
 			for _, a := range adapters {
 				if !under(imp, a.dep) && !strings.HasPrefix(imp, a.dep+"/") {
 					continue
 				}
 				allowed := append([]string{a.only}, adapterExtra[a.dep]...)
+				if inTest {
+					allowed = append(allowed, testAdapterExtra[a.dep]...)
+				}
 				if !slices.ContainsFunc(allowed, func(o string) bool { return under(rel, o) }) {
 					t.Errorf("%s imports %s directly; only %s may (one adapter per heavy dependency)", rel, imp, strings.Join(allowed, ", "))
 				}
