@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -75,9 +76,16 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	} else {
 		log.Warn("mqtt.trustedKeys is empty: desired state from the broker is not checked, so whoever can publish to it can run containers here (docs/mqtt.md, signed desired state)")
 	}
+	// A node that cannot keep a seal key still runs its pods: it takes
+	// no sealed Secret until it can.
+	seal, err := mqtt.LoadSealKey(filepath.Join(cfg.CertDir(), mqtt.SealKeyFile))
+	if err != nil {
+		log.Error("mqtt: no seal key, so no sealed Secret can be opened here", "err", err)
+		seal = nil
+	}
 	s, err := mqtt.New(mqtt.Config{
 		NodeName: cfg.NodeName, Broker: m.Brokers[0], KeepAlive: m.KeepaliveDuration(), MaxMessageBytes: m.MaxMessageBytes,
-		TrustedKeys: keys,
+		TrustedKeys: keys, SealKey: seal,
 	}, mqtt.Deps{
 		Dial: dial, Store: st, Clock: clk, Log: log.With("component", "mqtt"), Wire: wire,
 		NodeFacts: func() mqtt.NodeFacts {

@@ -191,9 +191,18 @@ func (n *node) nodeStatus(payload []byte) error {
 	if obj.Name != n.name {
 		return fmt.Errorf("metadata.name: %q, the topic is node %s's", obj.Name, n.name)
 	}
+	// The node's public seal key is kept in its Node's annotations; the
+	// bridge does not seal Secrets to it yet.
+	var annotations map[string]string
+	if v, ok := obj.Annotations[mqtt.AnnotationSealKey]; ok {
+		if _, err := mqtt.ParseSealPublicKey(v); err != nil {
+			return fmt.Errorf("metadata.annotations[%s]: %w", mqtt.AnnotationSealKey, err)
+		}
+		annotations = map[string]string{mqtt.AnnotationSealKey: v}
+	}
 	n.mu.Lock()
 	first := n.facts.Status.Conditions == nil && n.facts.Labels == nil
-	n.facts = kube.NodeFacts{Labels: obj.Labels, Status: obj.Status}
+	n.facts = kube.NodeFacts{Labels: obj.Labels, Annotations: annotations, Status: obj.Status}
 	n.mu.Unlock()
 	if first {
 		select {

@@ -295,7 +295,7 @@ func (n *nodeLoop) createNode(ctx context.Context) error {
 	now := s.deps.Clock.Now()
 	n.status.observe(corev1.NodeStatus{})
 	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: n.labels()},
+		ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: n.labels(), Annotations: s.deps.NodeFacts().Annotations},
 		Spec:       corev1.NodeSpec{Taints: s.cfg.Taints},
 		Status:     n.status.build(s.deps.NodeFacts().Status, now),
 	}
@@ -339,22 +339,34 @@ func (n *nodeLoop) labels() map[string]string {
 	return l
 }
 
-// mergeLabels patches into the Node the labels it lacks or has with
-// another value. Labels are never removed: the Node does not say which
+// mergeLabels patches into the Node the labels (and the facts'
+// annotations) it lacks or has with another value. Labels are never removed: the Node does not say which
 // ones were ours. A refused patch is logged, not an error: the Node is
 // registered all the same.
 func (n *nodeLoop) mergeLabels(ctx context.Context, node *corev1.Node) error {
 	s := n.s
-	changed := map[string]string{}
+	changed, annotations := map[string]string{}, map[string]string{}
 	for k, v := range n.labels() {
 		if old, ok := node.Labels[k]; !ok || old != v {
 			changed[k] = v
 		}
 	}
-	if len(changed) == 0 {
+	for k, v := range s.deps.NodeFacts().Annotations {
+		if old, ok := node.Annotations[k]; !ok || old != v {
+			annotations[k] = v
+		}
+	}
+	if len(changed)+len(annotations) == 0 {
 		return nil
 	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": changed}})
+	meta := map[string]any{}
+	if len(changed) > 0 {
+		meta["labels"] = changed
+	}
+	if len(annotations) > 0 {
+		meta["annotations"] = annotations
+	}
+	body, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		return fmt.Errorf("patch labels of node %s: %w", node.Name, err)
 	}
@@ -371,7 +383,7 @@ func (n *nodeLoop) mergeLabels(ctx context.Context, node *corev1.Node) error {
 		s.log.Warn("node labels not merged", "node", node.Name, "err", err)
 		return nil
 	}
-	s.log.Info("node labels merged", "node", node.Name, "labels", len(changed))
+	s.log.Info("node labels merged", "node", node.Name, "labels", len(changed), "annotations", len(annotations))
 	return nil
 }
 

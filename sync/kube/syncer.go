@@ -87,7 +87,10 @@ func (c *Config) setDefaults() {
 // fills in itself.
 type NodeFacts struct {
 	Labels map[string]string
-	Status corev1.NodeStatus
+	// Annotations are set on the Node, never removed (an MQTT node's
+	// seal key).
+	Annotations map[string]string
+	Status      corev1.NodeStatus
 }
 
 // Deps are what a Syncer talks to.

@@ -50,8 +50,8 @@ func Decode(payload []byte) (Decoded, error) {
 		d.Envelope.SignedBy = KeyID(e.Signature[:keyIDLen]).String()
 	}
 	switch e.Encoding {
-	case EncodingTombstone:
-		return d, nil
+	case EncodingTombstone, EncodingSealed:
+		return d, nil // a sealed body opens only on its node
 	case EncodingIndex:
 		x, err := ParseIndex(e, ScopeNode)
 		if err != nil {

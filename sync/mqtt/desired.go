@@ -33,6 +33,7 @@ const (
 	rejectConflict = "conflict"
 	rejectTopic    = "topic"
 	rejectSig      = "signature"
+	rejectSeal     = "seal"
 )
 
 // rejected is a message refused before anything was stored: the store
@@ -77,6 +78,8 @@ type guard struct {
 	keys     *Keyring
 	floor    uint64
 	expected uint64
+	// seal opens sealed Secrets; nil: the node has no seal key.
+	seal *SealKey
 }
 
 // applyDesired writes one desired message (t, payload) for node into st,
@@ -106,8 +109,22 @@ func applyDesired(st *store.Store, node string, t Topic, payload []byte, maxByte
 		if want := kubeKinds[t.Kind]; e.Kind != want {
 			return 0, reject(topic, rejectEnvelope, "envelope kind %s, the topic holds %s", e.Kind, want)
 		}
-		if e.Encoding != EncodingProtobuf && e.Encoding != EncodingTombstone {
-			return 0, reject(topic, rejectEnvelope, "encoding %s, want protobuf or tombstone", e.Encoding)
+		switch e.Encoding {
+		case EncodingProtobuf, EncodingTombstone:
+		case EncodingSealed:
+			if t.Kind != KindSecrets {
+				return 0, reject(topic, rejectEnvelope, "a sealed %s; only secrets are sealed", e.Kind)
+			}
+			if g.seal == nil {
+				return 0, reject(topic, rejectSeal, "a sealed secret, and this node has no seal key")
+			}
+			plain, err := g.seal.Open(e.Body)
+			if err != nil {
+				return 0, reject(topic, rejectSeal, "%v", err)
+			}
+			e.Body, e.Encoding = plain, EncodingProtobuf
+		default:
+			return 0, reject(topic, rejectEnvelope, "encoding %s, want protobuf, sealed or tombstone", e.Encoding)
 		}
 	}
 	ops := opsFor(st, t.Kind)

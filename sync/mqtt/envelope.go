@@ -59,6 +59,9 @@ const (
 	EncodingTombstone Encoding = 2
 	// EncodingIndex is an index's text (index.go).
 	EncodingIndex Encoding = 3
+	// EncodingSealed is the protobuf message of Kind (a Secret) sealed
+	// to the node's seal key (seal.go).
+	EncodingSealed Encoding = 4
 )
 
 // String names the encoding as docs/mqtt.md and `outpost mqtt decode` do.
@@ -70,6 +73,8 @@ func (e Encoding) String() string {
 		return "tombstone"
 	case EncodingIndex:
 		return "index"
+	case EncodingSealed:
+		return "sealed"
 	}
 	return fmt.Sprintf("encoding(%d)", uint8(e))
 }
@@ -171,7 +176,7 @@ func UnmarshalEnvelope(data []byte) (Envelope, error) {
 			}
 			e.Encoding, haveEnc = Encoding(v[0]), true
 			switch e.Encoding {
-			case EncodingProtobuf, EncodingTombstone, EncodingIndex:
+			case EncodingProtobuf, EncodingTombstone, EncodingIndex, EncodingSealed:
 			default:
 				return e, fmt.Errorf("envelope: encoding %d is not one this outpost reads", v[0])
 			}

@@ -181,7 +181,7 @@ func (p *processor) handle(ctx context.Context, m Message) error {
 		p.handleIndex(t, m.Payload)
 		return nil
 	}
-	g := guard{keys: s.keys, floor: p.floor[t.Scope], expected: p.awaiting[m.Topic]}
+	g := guard{keys: s.keys, floor: p.floor[t.Scope], expected: p.awaiting[m.Topic], seal: s.cfg.SealKey}
 	delete(p.awaiting, m.Topic)
 	res, err := applyDesired(s.deps.Store, s.cfg.NodeName, t, m.Payload, s.cfg.MaxMessageBytes, g)
 	if err != nil {

@@ -229,6 +229,9 @@ func (s *Syncer) nodeStatus() ([]byte, error) {
 	labels := map[string]string{corev1.LabelArchStable: runtime.GOARCH, corev1.LabelOSStable: "linux"}
 	maps.Copy(labels, f.Labels)
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Labels: labels}, Status: st}
+	if s.cfg.SealKey != nil {
+		n.Annotations = map[string]string{AnnotationSealKey: s.cfg.SealKey.Public()}
+	}
 	return n.Marshal()
 }
 

@@ -40,6 +40,10 @@ type Config struct {
 	// TrustedKeys are the bridge's public keys (mqtt.trustedKeys): when
 	// set, every desired message must be signed by one of them (guard).
 	TrustedKeys []ed25519.PublicKey
+	// SealKey opens the Secrets the bridge seals to this node; its
+	// public half goes out on status/node (AnnotationSealKey). Nil: the
+	// node refuses sealed Secrets and asks for none.
+	SealKey *SealKey
 }
 
 func (c *Config) setDefaults() {

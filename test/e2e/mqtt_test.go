@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	opmqtt "github.com/outpost-edge/outpost/sync/mqtt"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -235,6 +236,15 @@ func TestMQTTNodePodsThroughBridge(t *testing.T) {
 		if node.Labels[k] != v {
 			t.Errorf("node label %s = %q, want %q (labels %v)", k, node.Labels[k], v, node.Labels)
 		}
+	}
+	// The node's seal key, made at first start, its public half in the
+	// Node.
+	seal, err := opmqtt.LoadSealKey(filepath.Join(n.dir, "state", "pki", opmqtt.SealKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := node.Annotations[opmqtt.AnnotationSealKey]; got != seal.Public() {
+		t.Errorf("node annotation %s = %q, want the node's key %s", opmqtt.AnnotationSealKey, got, seal.Public())
 	}
 
 	s.apply(mqttWebConfig)

@@ -1,0 +1,134 @@
+package mqtt
+
+import (
+	"crypto/ecdh"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/crypto/nacl/box"
+)
+
+// Secrets are sealed to the node: each node has an X25519 key pair of its
+// own (SealKeyFile in its pki directory, made at first start), publishes
+// the public half in its Node's AnnotationSealKey on status/node, and the
+// bridge sends a Secret's protobuf as a sealed box to it (NaCl's
+// crypto_box_seal: an ephemeral X25519 key, XSalsa20-Poly1305), with the
+// encoding EncodingSealed. The broker and every other node see only
+// ciphertext; the envelope's signature, over the ciphertext, says who
+// sent it.
+const (
+	// AnnotationSealKey holds the node's public seal key, in base64.
+	AnnotationSealKey = "outpost.io/mqtt-seal-key"
+	// SealKeyFile is the node's private seal key, in its pki directory.
+	SealKeyFile = "mqtt-seal.key"
+)
+
+// SealKey is a node's seal key pair.
+type SealKey struct {
+	priv, pub [32]byte
+}
+
+// LoadSealKey reads the node's seal key from path, or makes one there
+// (readable by its owner only) when there is none.
+func LoadSealKey(path string) (*SealKey, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return createSealKey(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("seal key: %w", err)
+	}
+	b, _ := pem.Decode(data)
+	if b == nil || b.Type != "PRIVATE KEY" {
+		return nil, fmt.Errorf("seal key %s: no PEM \"PRIVATE KEY\" block", path)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("seal key %s: %w", path, err)
+	}
+	priv, ok := k.(*ecdh.PrivateKey)
+	if !ok || priv.Curve() != ecdh.X25519() {
+		return nil, fmt.Errorf("seal key %s: a %T, not an X25519 key", path, k)
+	}
+	return sealKeyOf(priv), nil
+}
+
+func createSealKey(path string) (*SealKey, error) {
+	priv, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("seal key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return nil, fmt.Errorf("seal key: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("seal key: %w", err)
+	}
+	// Written aside and renamed: a power cut leaves the old state (no
+	// key, a new one made at the next start) or the whole key.
+	tmp := path + ".new"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("seal key: %w", err)
+	}
+	_, err = f.Write(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("seal key %s: %w", path, err)
+	}
+	return sealKeyOf(priv), nil
+}
+
+func sealKeyOf(priv *ecdh.PrivateKey) *SealKey {
+	k := &SealKey{}
+	copy(k.priv[:], priv.Bytes())
+	copy(k.pub[:], priv.PublicKey().Bytes())
+	return k
+}
+
+// Public is the public half as AnnotationSealKey holds it.
+func (k *SealKey) Public() string { return base64.StdEncoding.EncodeToString(k.pub[:]) }
+
+// Open returns what sealed was sealed from to k's public key.
+func (k *SealKey) Open(sealed []byte) ([]byte, error) {
+	out, ok := box.OpenAnonymous(nil, sealed, &k.pub, &k.priv)
+	if !ok {
+		return nil, errors.New("sealed body does not open with this node's seal key (sealed to another key, or changed)")
+	}
+	return out, nil
+}
+
+// SealPublicKey is a node's public seal key, as the bridge reads it.
+type SealPublicKey [32]byte
+
+// ParseSealPublicKey reads a public seal key as AnnotationSealKey holds it.
+func ParseSealPublicKey(s string) (*SealPublicKey, error) {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b) != 32 {
+		return nil, fmt.Errorf("%q is not 32 bytes in base64", s)
+	}
+	var k SealPublicKey
+	copy(k[:], b)
+	return &k, nil
+}
+
+// Seal seals plain to the node whose public key is k.
+func (k *SealPublicKey) Seal(plain []byte) ([]byte, error) {
+	return box.SealAnonymous(nil, plain, (*[32]byte)(k), rand.Reader)
+}
