@@ -1,6 +1,8 @@
-// Package agent runs the node's pods from the store. In this first step it
-// records the static manifests into the store and answers status queries
-// on a local unix socket; running the pods on containerd comes next.
+// Package agent runs the node's pods from the store: it records the
+// static manifests into the store, runs one worker per pod on the
+// Runtime (containerd) with its network, volumes and probes, journals
+// their status, and answers status queries on a local unix socket
+// (docs/architecture.md draws the flow).
 package agent
 
 import (
