@@ -34,6 +34,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/connrotation"
 
+	"github.com/outpost-edge/outpost/internal/atomicfile"
 	"github.com/outpost-edge/outpost/internal/clock"
 )
 
@@ -387,7 +388,7 @@ func pendingKey(path, what string, log *slog.Logger) (*ecdsa.PrivateKey, error) 
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("certificate directory: %w", err)
 	}
-	if err := writeFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})); err != nil {
+	if err := atomicfile.Write(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})); err != nil {
 		return nil, fmt.Errorf("write %s key: %w", what, err)
 	}
 	return key, nil
@@ -602,7 +603,7 @@ func (b *Bootstrapper) store(key *ecdsa.PrivateKey, certPEM []byte) (*tls.Certif
 		return nil, fmt.Errorf("certificate directory: %w", err)
 	}
 	certPath := filepath.Join(b.cfg.CertDir, certFileName)
-	if err := writeFileAtomic(certPath, data); err != nil {
+	if err := atomicfile.Write(certPath, data); err != nil {
 		return nil, fmt.Errorf("write client certificate: %w", err)
 	}
 	kc, err := clientcmd.Write(nodeKubeconfig(b.cluster, certPath))
@@ -612,7 +613,7 @@ func (b *Bootstrapper) store(key *ecdsa.PrivateKey, certPEM []byte) (*tls.Certif
 	if err := os.MkdirAll(filepath.Dir(b.cfg.Kubeconfig), 0o700); err != nil {
 		return nil, fmt.Errorf("write kubeconfig %s: %w", b.cfg.Kubeconfig, err)
 	}
-	if err := writeFileAtomic(b.cfg.Kubeconfig, kc); err != nil {
+	if err := atomicfile.Write(b.cfg.Kubeconfig, kc); err != nil {
 		return nil, fmt.Errorf("write kubeconfig %s: %w", b.cfg.Kubeconfig, err)
 	}
 	if err := os.Remove(filepath.Join(b.cfg.CertDir, pendingKeyFileName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -669,33 +670,6 @@ func nodeKubeconfig(cluster *rest.Config, certPath string) clientcmdapi.Config {
 	c.Contexts["default-context"] = &clientcmdapi.Context{Cluster: "default-cluster", AuthInfo: "default-auth"}
 	c.CurrentContext = "default-context"
 	return *c
-}
-
-// writeFileAtomic replaces path with data (mode 0600), synced, so a power
-// cut leaves the old file or the new one.
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }
 
 // ---- the connection ----

@@ -18,6 +18,7 @@ import (
 
 	certsv1 "k8s.io/api/certificates/v1"
 
+	"github.com/outpost-edge/outpost/internal/atomicfile"
 	"github.com/outpost-edge/outpost/internal/clock"
 )
 
@@ -263,7 +264,7 @@ func (s *ServingCerts) request(ctx context.Context) error {
 	if err := os.MkdirAll(s.cfg.CertDir, 0o700); err != nil {
 		return fmt.Errorf("certificate directory: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(s.cfg.CertDir, servingCertFileName), data); err != nil {
+	if err := atomicfile.Write(filepath.Join(s.cfg.CertDir, servingCertFileName), data); err != nil {
 		return fmt.Errorf("write serving certificate: %w", err)
 	}
 	if err := os.Remove(pending); err != nil && !errors.Is(err, fs.ErrNotExist) {

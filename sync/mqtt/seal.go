@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/crypto/nacl/box"
+
+	"github.com/outpost-edge/outpost/internal/atomicfile"
 )
 
 // Secrets are sealed to the node: each node has an X25519 key pair of its
@@ -44,11 +46,7 @@ func LoadSealKey(path string) (*SealKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seal key: %w", err)
 	}
-	b, _ := pem.Decode(data)
-	if b == nil || b.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("seal key %s: no PEM \"PRIVATE KEY\" block", path)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	k, err := parsePKCS8(data)
 	if err != nil {
 		return nil, fmt.Errorf("seal key %s: %w", path, err)
 	}
@@ -71,25 +69,9 @@ func createSealKey(path string) (*SealKey, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("seal key: %w", err)
 	}
-	// Written aside and renamed: a power cut leaves the old state (no
-	// key, a new one made at the next start) or the whole key.
-	tmp := path + ".new"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("seal key: %w", err)
-	}
-	_, err = f.Write(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	// A power cut leaves no key (a new one is made at the next start)
+	// or the whole key.
+	if err := atomicfile.Write(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
 		return nil, fmt.Errorf("seal key %s: %w", path, err)
 	}
 	return sealKeyOf(priv), nil

@@ -155,11 +155,7 @@ func MarshalPrivateKey(key ed25519.PrivateKey) ([]byte, error) {
 
 // ParsePrivateKey reads an ed25519 private key from a PKCS #8 PEM block.
 func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
-	b, _ := pem.Decode(data)
-	if b == nil || b.Type != "PRIVATE KEY" {
-		return nil, errors.New("no PEM \"PRIVATE KEY\" block")
-	}
-	k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	k, err := parsePKCS8(data)
 	if err != nil {
 		return nil, err
 	}
@@ -168,6 +164,15 @@ func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("a %T, not an ed25519 key", k)
 	}
 	return priv, nil
+}
+
+// parsePKCS8 reads the private key of a PKCS #8 PEM block.
+func parsePKCS8(data []byte) (any, error) {
+	b, _ := pem.Decode(data)
+	if b == nil || b.Type != "PRIVATE KEY" {
+		return nil, errors.New("no PEM \"PRIVATE KEY\" block")
+	}
+	return x509.ParsePKCS8PrivateKey(b.Bytes)
 }
 
 // FormatPublicKey spells pub as mqtt.trustedKeys takes it:
