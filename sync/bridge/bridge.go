@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -107,6 +108,13 @@ type Bridge struct {
 	// own checks what the bridge signed itself (Config.Signer), nil
 	// without a signer.
 	own *mqtt.Keyring
+	// vault is the bridge's own seal key (its copies of the pods'
+	// tokens), derived from the signing key; nil without a signer.
+	vault *mqtt.SealKey
+	// hashKey keys the index hashes of sealed Secrets: derived from the
+	// signing key, else random (a restarted bridge then sends every
+	// sealed Secret again).
+	hashKey []byte
 }
 
 // Stats are the bridge's counters.
@@ -132,6 +140,10 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	}
 	if cfg.Signer != nil {
 		b.own = mqtt.NewKeyring(cfg.Signer.Public())
+		b.vault, b.hashKey = cfg.Signer.SealKey(), cfg.Signer.HashKey()
+	} else {
+		b.hashKey = make([]byte, 32)
+		rand.Read(b.hashKey)
 	}
 	return b, nil
 }
@@ -415,21 +427,23 @@ func (b *Bridge) request(ctx context.Context, fn func(context.Context) error) er
 
 // handle applies one message from the broker.
 func (b *Bridge) handle(m mqtt.Message) {
-	t, err := mqtt.ParseTopic(m.Topic)
-	if err != nil {
-		b.reject(m.Topic, "topic", err)
-		return
-	}
 	if len(m.Payload) > b.cfg.MaxMessageBytes {
 		b.reject(m.Topic, "size", fmt.Errorf("%d bytes, over %d", len(m.Payload), b.cfg.MaxMessageBytes))
 		return
 	}
+	// A fetch may be of the bridge's own topics, which ParseTopic does
+	// not take.
 	b.mu.Lock()
 	fetch, ok := b.fetches[m.Topic]
 	delete(b.fetches, m.Topic)
 	b.mu.Unlock()
 	if ok {
 		fetch <- m // room for every topic of the fetch
+		return
+	}
+	t, err := mqtt.ParseTopic(m.Topic)
+	if err != nil {
+		b.reject(m.Topic, "topic", err)
 		return
 	}
 	switch {

@@ -23,4 +23,8 @@
 // retained on the broker is read back from its indexes (which hold a hash
 // of each object), so a restarted bridge publishes only what changed, and
 // a broker that lost its retained messages gets everything again.
+// Secrets go sealed to each node's key, never in clear (held until the
+// node published its key); the pods' tokens, which the API server gives
+// once, a signing bridge keeps on the broker in copies sealed to a key
+// derived from its signing key, and reads back after a restart.
 package bridge

@@ -42,6 +42,13 @@ type node struct {
 	// gens are the generations of the statuses applied, by topic: an
 	// older one delivered late is ignored.
 	gens map[string]uint64
+	// seal is the node's public seal key, from its status; its Secrets
+	// are held until it is known.
+	seal *mqtt.SealPublicKey
+	// copied are the hashes of the tokens Secrets the bridge's own
+	// copies (mqtt.BridgeTokensTopic) hold, by name; only the
+	// publisher's goroutine uses it.
+	copied map[string]string
 	// online is what the bridge last heard of the node's online flag
 	// (false too while it has no broker connection); the Lease is
 	// renewed only while it is true.
@@ -92,7 +99,7 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	// Away until its online topic says otherwise.
 	n.kube.SetPresent(false)
 	n.token = n.pods.PodToken
-	n.pub = &publisher{b: b, scope: mqtt.ScopeNode, node: name, st: st, wake: make(chan struct{}, 1), prepare: n.syncTokens, prepareEvery: tokenCheck}
+	n.pub = &publisher{b: b, scope: mqtt.ScopeNode, node: name, st: st, wake: make(chan struct{}, 1), prepare: n.syncTokens, prepareEvery: tokenCheck, sealTo: n.sealKey}
 	return n, nil
 }
 
@@ -127,6 +134,13 @@ func (n *node) waitListed(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// sealKey is the node's public seal key, nil while it is not known.
+func (n *node) sealKey() *mqtt.SealPublicKey {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.seal
 }
 
 func (n *node) nodeFacts() kube.NodeFacts {
@@ -191,11 +205,12 @@ func (n *node) nodeStatus(payload []byte) error {
 	if obj.Name != n.name {
 		return fmt.Errorf("metadata.name: %q, the topic is node %s's", obj.Name, n.name)
 	}
-	// The node's public seal key is kept in its Node's annotations; the
-	// bridge does not seal Secrets to it yet.
+	// The node's public seal key is kept in its Node's annotations, and
+	// its Secrets are sealed to it.
 	var annotations map[string]string
+	var seal *mqtt.SealPublicKey
 	if v, ok := obj.Annotations[mqtt.AnnotationSealKey]; ok {
-		if _, err := mqtt.ParseSealPublicKey(v); err != nil {
+		if seal, err = mqtt.ParseSealPublicKey(v); err != nil {
 			return fmt.Errorf("metadata.annotations[%s]: %w", mqtt.AnnotationSealKey, err)
 		}
 		annotations = map[string]string{mqtt.AnnotationSealKey: v}
@@ -203,7 +218,16 @@ func (n *node) nodeStatus(payload []byte) error {
 	n.mu.Lock()
 	first := n.facts.Status.Conditions == nil && n.facts.Labels == nil
 	n.facts = kube.NodeFacts{Labels: obj.Labels, Annotations: annotations, Status: obj.Status}
+	rekeyed := (seal == nil) != (n.seal == nil) || seal != nil && *seal != *n.seal
+	n.seal = seal
 	n.mu.Unlock()
+	if rekeyed && n.pub != nil {
+		// Its Secrets go out (again) sealed to the new key.
+		select {
+		case n.pub.wake <- struct{}{}:
+		default:
+		}
+	}
 	if first {
 		select {
 		case <-n.hasFacts:

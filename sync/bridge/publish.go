@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -29,6 +30,12 @@ type publisher struct {
 	// pass publishes has them.
 	prepare      func(context.Context, mqtt.Conn)
 	prepareEvery time.Duration
+	// sealTo returns the node's public seal key, nil while it is not
+	// known (for ScopeNode): Secrets are sealed to it, and held until
+	// it is known.
+	sealTo func() *mqtt.SealPublicKey
+	// holding says Secrets are held now (said once in the log).
+	holding bool
 }
 
 // object is one desired object as published.
@@ -37,6 +44,10 @@ type object struct {
 	kind  string // the envelope's
 	body  []byte
 	hash  string
+	// sealTo, if set, is the node's key the body is sealed to; held
+	// says it is a Secret whose node's key is not known yet.
+	sealTo *mqtt.SealPublicKey
+	held   bool
 }
 
 func (p *publisher) indexTopic() string {
@@ -136,6 +147,22 @@ func (p *publisher) desired() (map[string]object, error) {
 		if err == nil {
 			err = collect(p.st.Secrets(), func(r store.Record[*secretT]) error { return marshalAdd(add, mqtt.KindSecrets, "Secret", r) })
 		}
+		// Secrets go sealed to the node, or not at all: never in clear.
+		var to *mqtt.SealPublicKey
+		if p.sealTo != nil {
+			to = p.sealTo()
+		}
+		for key, o := range out {
+			if o.kind != "Secret" {
+				continue
+			}
+			if to == nil {
+				o.held, o.hash = true, ""
+			} else {
+				o.sealTo, o.hash = to, mqtt.SealedHash(p.b.hashKey, to, o.body)
+			}
+			out[key] = o
+		}
 	} else {
 		err = collect(p.st.Services(), func(r store.Record[*svcT]) error { return marshalAdd(add, mqtt.KindServices, "Service", r) })
 		if err == nil {
@@ -161,14 +188,33 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 	have, _ := p.b.retainedIndex(topic)
 	next := mqtt.Index{Entries: map[string]uint64{}, Hashes: map[string]string{}}
 	changed := false
+	held := 0
 	for _, key := range slices.SortedFunc(maps.Keys(want), podsLast) {
 		o := want[key]
+		if o.held {
+			// What the broker holds of it stays, until it can be sealed.
+			if g, ok := have.Entries[key]; ok {
+				next.Entries[key] = g
+				if h, ok := have.Hashes[key]; ok {
+					next.Hashes[key] = h
+				}
+			}
+			held++
+			continue
+		}
 		if h, ok := have.Hashes[key]; ok && h == o.hash {
 			next.Entries[key], next.Hashes[key] = have.Entries[key], h
 			continue
 		}
 		gen := p.b.nextGen()
 		env := mqtt.Envelope{Kind: o.kind, Generation: gen, Encoding: mqtt.EncodingProtobuf, Issued: p.b.deps.Clock.Now(), Body: o.body}
+		if o.sealTo != nil {
+			sealed, err := o.sealTo.Seal(o.body)
+			if err != nil {
+				return fmt.Errorf("seal %s: %w", o.topic, err)
+			}
+			env.Encoding, env.Body = mqtt.EncodingSealed, sealed
+		}
 		payload := p.b.seal(o.topic, env)
 		if err := p.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, o.topic, true, payload) }); err != nil {
 			return err
@@ -188,7 +234,21 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 		if err := p.remove(ctx, conn, t, keyKind(key)); err != nil {
 			return err
 		}
+		if parts := splitKey(key); parts[0] == mqtt.KindSecrets && strings.HasSuffix(parts[2], mqtt.TokensSecretName("")) {
+			// The bridge's own copy of a pod's tokens goes with them.
+			if err := p.b.request(ctx, func(ctx context.Context) error {
+				return conn.Publish(ctx, mqtt.BridgeTokensTopic(p.node, parts[1], parts[2]), true, nil)
+			}); err != nil {
+				return err
+			}
+		}
 		changed = true
+	}
+	if held > 0 != p.holding {
+		p.holding = held > 0
+		if p.holding {
+			p.b.log.Info("node has not published its seal key; its Secrets are held until it does", "node", p.node, "secrets", held)
+		}
 	}
 	if !changed && have.Entries != nil {
 		return nil

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -26,11 +27,16 @@ const (
 
 // syncTokens keeps a tokens Secret (mqtt.TokensSecretName) in the node's
 // store for every pod with projected serviceAccountToken sources, as a
-// bridge-made (MQTT) object the publisher sends; the node's publisher
-// runs it before each pass and every tokenCheck. A token is requested
-// when it is missing or due; a bridge restarted (its store starts empty)
-// first reads back from the broker the tokens Secrets it retains, so a
-// restart sends no token again before it is due.
+// bridge-made (MQTT) object the publisher sends (sealed to the node, as
+// every Secret); the node's publisher runs it before each pass and every
+// tokenCheck. A token is requested when it is missing or due.
+//
+// A signing bridge also keeps a copy of each tokens Secret on the broker
+// for itself, sealed to its own key (mqtt.BridgeTokensTopic): a bridge
+// restarted (its store starts empty) first reads those back, so a
+// restart requests and sends no token again before it is due. Without a
+// signing key it has no key that outlives it: a restarted bridge
+// requests every token anew.
 func (n *node) syncTokens(ctx context.Context, conn mqtt.Conn) {
 	recs, err := n.st.Pods().List()
 	if err != nil {
@@ -65,16 +71,64 @@ func (n *node) syncTokens(ctx context.Context, conn mqtt.Conn) {
 		return
 	}
 	for _, r := range secs {
-		if r.Source == store.SourceMQTT && r.Object.Type == mqtt.TokensSecretType && !want[r.Object.Name] {
-			n.st.Secrets().Delete(r.Object.Namespace, r.Object.Name)
+		if r.Source != store.SourceMQTT || r.Object.Type != mqtt.TokensSecretType {
+			continue
+		}
+		if want[r.Object.Name] {
+			n.copyTokens(ctx, conn, r.Object)
+			continue
+		}
+		n.st.Secrets().Delete(r.Object.Namespace, r.Object.Name)
+		if n.b.vault != nil {
+			topic := mqtt.BridgeTokensTopic(n.name, r.Object.Namespace, r.Object.Name)
+			if err := n.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, topic, true, nil) }); err != nil {
+				n.b.log.Warn("remove the bridge's copy of pod tokens", "node", n.name, "topic", topic, "err", err)
+				continue
+			}
+			delete(n.copied, r.Object.Name)
 		}
 	}
 }
 
-// recoverTokens puts into the store the tokens Secrets the broker
-// retains (its index lists them) for pods whose Secret the store lacks,
-// when they are for the same pod (its UID).
+// copyTokens publishes the bridge's own copy of a tokens Secret, sealed
+// to its own key and signed, when the copy on the broker is not of it.
+// A copy that failed is tried again at the next pass.
+func (n *node) copyTokens(ctx context.Context, conn mqtt.Conn, sec *corev1.Secret) {
+	if n.b.vault == nil {
+		return
+	}
+	body, err := sec.Marshal()
+	if err != nil {
+		return
+	}
+	h := mqtt.BodyHash(body)
+	if n.copied[sec.Name] == h {
+		return
+	}
+	sealed, err := n.b.vault.PublicKey().Seal(body)
+	if err != nil {
+		n.b.log.Warn("seal the bridge's copy of pod tokens", "node", n.name, "secret", sec.Namespace+"/"+sec.Name, "err", err)
+		return
+	}
+	topic := mqtt.BridgeTokensTopic(n.name, sec.Namespace, sec.Name)
+	payload := n.b.seal(topic, mqtt.Envelope{Kind: "Secret", Generation: n.b.nextGen(), Encoding: mqtt.EncodingSealed, Issued: n.b.deps.Clock.Now(), Body: sealed})
+	if err := n.b.request(ctx, func(ctx context.Context) error { return conn.Publish(ctx, topic, true, payload) }); err != nil {
+		n.b.log.Warn("keep the bridge's copy of pod tokens on the broker", "node", n.name, "topic", topic, "err", err)
+		return
+	}
+	if n.copied == nil {
+		n.copied = map[string]string{}
+	}
+	n.copied[sec.Name] = h
+}
+
+// recoverTokens puts into the store the tokens Secrets the bridge's own
+// copies on the broker hold for pods whose Secret the store lacks (and
+// the node's index lists), when they are for the same pod (its UID).
 func (n *node) recoverTokens(ctx context.Context, conn mqtt.Conn, pods []*corev1.Pod) {
+	if n.b.vault == nil {
+		return
+	}
 	have, _ := n.b.retainedIndex(mqtt.NodeIndexTopic(n.name))
 	byTopic := map[string]*corev1.Pod{}
 	for _, p := range pods {
@@ -85,7 +139,7 @@ func (n *node) recoverTokens(ctx context.Context, conn mqtt.Conn, pods []*corev1
 		if _, ok, err := n.st.Secrets().Get(p.Namespace, name); err != nil || ok {
 			continue
 		}
-		byTopic[mqtt.DesiredTopic(n.name, mqtt.KindSecrets, p.Namespace, name)] = p
+		byTopic[mqtt.BridgeTokensTopic(n.name, p.Namespace, name)] = p
 	}
 	if len(byTopic) == 0 {
 		return
@@ -104,13 +158,23 @@ func (n *node) recoverTokens(ctx context.Context, conn mqtt.Conn, pods []*corev1
 		}
 		if err := n.st.Secrets().Put(store.SourceMQTT, sec); err != nil {
 			n.b.log.Warn("keep pod tokens", "node", n.name, "pod", p.Namespace+"/"+p.Name, "err", err)
+			continue
+		}
+		if body, err := sec.Marshal(); err == nil {
+			if n.copied == nil {
+				n.copied = map[string]string{}
+			}
+			n.copied[sec.Name] = mqtt.BodyHash(body)
 		}
 	}
 }
 
-// tokensFromPayload decodes a retained tokens Secret of pod p at topic;
-// a signing bridge takes only one it signed itself.
+// tokensFromPayload decodes the bridge's copy of pod p's tokens Secret
+// at topic: signed by the bridge's key and sealed to it.
 func (b *Bridge) tokensFromPayload(topic string, payload []byte, p *corev1.Pod) (*corev1.Secret, error) {
+	if b.vault == nil {
+		return nil, errors.New("the bridge has no key of its own")
+	}
 	e, err := mqtt.UnmarshalEnvelope(payload)
 	if err != nil {
 		return nil, err
@@ -118,11 +182,15 @@ func (b *Bridge) tokensFromPayload(topic string, payload []byte, p *corev1.Pod) 
 	if err := b.checkOwn(topic, payload, e); err != nil {
 		return nil, err
 	}
-	if e.Kind != "Secret" || e.Encoding != mqtt.EncodingProtobuf {
-		return nil, fmt.Errorf("a %s %s, not a Secret", e.Kind, e.Encoding)
+	if e.Kind != "Secret" || e.Encoding != mqtt.EncodingSealed {
+		return nil, fmt.Errorf("a %s %s, not a sealed Secret", e.Kind, e.Encoding)
+	}
+	body, err := b.vault.Open(e.Body)
+	if err != nil {
+		return nil, err
 	}
 	sec := &corev1.Secret{}
-	if err := sec.Unmarshal(e.Body); err != nil {
+	if err := sec.Unmarshal(body); err != nil {
 		return nil, fmt.Errorf("secret: %w", err)
 	}
 	switch {

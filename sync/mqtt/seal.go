@@ -2,9 +2,12 @@ package mqtt
 
 import (
 	"crypto/ecdh"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -113,4 +116,49 @@ func ParseSealPublicKey(s string) (*SealPublicKey, error) {
 // Seal seals plain to the node whose public key is k.
 func (k *SealPublicKey) Seal(plain []byte) ([]byte, error) {
 	return box.SealAnonymous(nil, plain, (*[32]byte)(k), rand.Reader)
+}
+
+// PublicKey is k's public half, to seal to k.
+func (k *SealKey) PublicKey() *SealPublicKey {
+	p := SealPublicKey(k.pub)
+	return &p
+}
+
+// The bridge keeps a sealed copy of each pod's tokens Secret for itself
+// (BridgeTokensTopic), so a restarted bridge can read them back; and the
+// index hash of a sealed Secret is keyed, so the index says nothing a
+// reader could test guesses of the plaintext against. Both keys are
+// derived from the bridge's signing key, so a bridge restarted with the
+// same key reads what it published before.
+const (
+	bridgeSealContext = "outpost/v1 bridge seal key\x00"
+	bridgeHashContext = "outpost/v1 bridge index hash key\x00"
+)
+
+// SealKey is the bridge's own seal key, derived from its signing key.
+func (s *Signer) SealKey() *SealKey {
+	sum := sha256.Sum256(append([]byte(bridgeSealContext), s.key.Seed()...))
+	priv, err := ecdh.X25519().NewPrivateKey(sum[:])
+	if err != nil {
+		panic("mqtt: x25519 key of 32 bytes: " + err.Error()) // any 32 bytes are one
+	}
+	return sealKeyOf(priv)
+}
+
+// HashKey is the key of the bridge's SealedHash, derived from its
+// signing key.
+func (s *Signer) HashKey() []byte {
+	sum := sha256.Sum256(append([]byte(bridgeHashContext), s.key.Seed()...))
+	return sum[:]
+}
+
+// SealedHash is the hash an index keeps of a Secret sealed to the node
+// whose key is to: the first 8 bytes of HMAC-SHA256 under key over the
+// node's key and the Secret's protobuf. It changes with either, and
+// without key it tells nothing of body.
+func SealedHash(key []byte, to *SealPublicKey, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write(to[:])
+	m.Write(body)
+	return hex.EncodeToString(m.Sum(nil)[:8])
 }

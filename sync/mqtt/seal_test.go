@@ -115,3 +115,36 @@ func flipLast(b []byte) []byte {
 	b[len(b)-1] ^= 1
 	return b
 }
+
+// The bridge's seal and hash keys follow from its signing key: the same
+// after a restart with it, others with another key. What is sealed to
+// the bridge opens with its key only; a sealed Secret's index hash
+// changes with the hash key, the node's key and the body.
+func TestBridgeKeysFromTheSigningKey(t *testing.T) {
+	k1, _ := GenerateKey()
+	k2, _ := GenerateKey()
+	a, again, b := NewSigner(k1), NewSigner(k1), NewSigner(k2)
+	if a.SealKey().Public() != again.SealKey().Public() || !bytes.Equal(a.HashKey(), again.HashKey()) {
+		t.Fatal("keys differ for the same signing key")
+	}
+	if a.SealKey().Public() == b.SealKey().Public() || bytes.Equal(a.HashKey(), b.HashKey()) {
+		t.Fatal("keys equal for two signing keys")
+	}
+	sealed, err := a.SealKey().PublicKey().Seal([]byte("token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := again.SealKey().Open(sealed); err != nil || string(got) != "token" {
+		t.Fatalf("opened %q, %v", got, err)
+	}
+	if _, err := b.SealKey().Open(sealed); err == nil {
+		t.Fatal("opened with another bridge's key")
+	}
+	n1, n2 := a.SealKey().PublicKey(), b.SealKey().PublicKey()
+	h := SealedHash(a.HashKey(), n1, []byte("x"))
+	for _, other := range []string{SealedHash(b.HashKey(), n1, []byte("x")), SealedHash(a.HashKey(), n2, []byte("x")), SealedHash(a.HashKey(), n1, []byte("y")), BodyHash([]byte("x"))} {
+		if other == h {
+			t.Errorf("hash %s the same for another key or body", h)
+		}
+	}
+}

@@ -85,6 +85,14 @@ func EventsTopic(node string) string { return Prefix + "nodes/" + node + "/event
 // OnlineTopic holds node's retained online flag, "true" or "false".
 func OnlineTopic(node string) string { return Prefix + "nodes/" + node + "/online" }
 
+// BridgeTokensTopic holds the bridge's own copy of a node's tokens
+// Secret (namespace/name), sealed to the bridge's key, retained: only
+// the bridge may read or write outpost/v1/bridge/ (packaging/mosquitto's
+// ACL grants nodes nothing there). ParseTopic does not take it.
+func BridgeTokensTopic(node, namespace, name string) string {
+	return Prefix + "bridge/tokens/" + node + "/" + namespace + "/" + name
+}
+
 // Online flag payloads.
 const (
 	OnlineTrue  = "true"

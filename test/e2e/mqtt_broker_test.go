@@ -310,16 +310,20 @@ func TestMosquittoBridgeToNode(t *testing.T) {
 }
 
 // TestMosquittoNodeReadsOnlyItsOwn: a node receives no other node's
-// desired state, retained or live, even through a wildcard, while its
+// desired state, nor the bridge's own topics, retained or live, even
+// through a wildcard, while its
 // own and the cluster's, published after, come through (the positive
 // control).
 func TestMosquittoNodeReadsOnlyItsOwn(t *testing.T) {
 	b := env.StartMosquittoTLS(t, env.MosquittoOptions{})
 	bridge := connectPeer(t, b, bridgeCN)
 	bridge.publish(t, desiredWeb, true, "for node-a only")
+	// The bridge's own copies of the pods' tokens: no node reads them,
+	// its own neither.
+	bridge.publish(t, "outpost/v1/bridge/tokens/node-b/default/web.outpost-tokens", true, "the bridge's copy")
 
 	nodeB := connectPeer(t, b, "node-b")
-	codes := nodeB.subscribe(t, "outpost/v1/nodes/node-a/desired/#", "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#")
+	codes := nodeB.subscribe(t, "outpost/v1/nodes/node-a/desired/#", "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#", "outpost/v1/bridge/#")
 	// mosquitto 2.0's ACL file does not check subscriptions: it grants
 	// them and checks each message at delivery. A refusal (0x80) would
 	// do as well.
@@ -370,13 +374,14 @@ func TestMosquittoNodeWritesOnlyItsOwn(t *testing.T) {
 	nodeA.publish(t, desiredIndex, true, "forged by node-a")
 	nodeA.publish(t, clusterWeb, true, "forged by node-a")
 	nodeA.publish(t, clusterIndex, true, "forged by node-a")
+	nodeA.publish(t, "outpost/v1/bridge/tokens/node-a/default/web.outpost-tokens", true, "forged by node-a")
 	// Each publish above had its PUBACK, so the broker had dealt with it
 	// before this one.
 	nodeA.publish(t, statusWeb, false, "from node-a")
 	bridge.expect(t, statusWeb, "from node-a")
 	bridge.expectNothingMore(t)
 
-	bridge.subscribe(t, "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#")
+	bridge.subscribe(t, "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#", "outpost/v1/bridge/#")
 	bridge.expectSet(t, retained, true)
 	bridge.expectNothingMore(t)
 }

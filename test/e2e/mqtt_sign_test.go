@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/outpost-edge/outpost/test/e2e/env"
 
@@ -47,8 +48,15 @@ func TestMQTTSignedDesiredState(t *testing.T) {
 	s.apply(mqttWebSecret)
 	s.apply(fmt.Sprintf(mqttWebPod, n.name, env.TestImage))
 	s.adm.create("pods", apiPod("gone", n.name, "while true; do sleep 1; done"))
+	// A pod with the default service account token volume: its tokens
+	// Secret goes sealed to the node, and the bridge keeps its own copy.
+	s.adm.create("configmaps", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt", Namespace: "default"}, Data: map[string]string{"ca.crt": string(s.api.CA.CertPEM())}})
+	withToken := apiPod("with-token", n.name, "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && exec sleep 100000")
+	withToken.Spec.AutomountServiceAccountToken = nil
+	s.adm.create("pods", withToken)
 	s.apiPodRunning("web", 60*time.Second)
 	s.apiPodRunning("gone", 60*time.Second)
+	s.apiPodRunning("with-token", 60*time.Second)
 	before := containerIDs(t, n, "web")
 	logs := n.logPath()
 
@@ -58,19 +66,22 @@ func TestMQTTSignedDesiredState(t *testing.T) {
 	// bridge is stopped meanwhile.
 	webTopic := opmqtt.DesiredTopic(n.name, opmqtt.KindPods, "default", "web")
 	goneTopic := opmqtt.DesiredTopic(n.name, opmqtt.KindPods, "default", "gone")
+	tokensTopic := opmqtt.DesiredTopic(n.name, opmqtt.KindSecrets, "default", opmqtt.TokensSecretName("with-token"))
 	var webOld, goneOld []byte
 	var e opmqtt.Envelope
+	var tokensGen uint64
 	refused := logCount(t, logs, logRefusedSig, "reason=signature")
 	s.asBridge(func(third *mqttPeer) {
-		third.subscribe(t, webTopic, goneTopic)
+		third.subscribe(t, webTopic, goneTopic, tokensTopic)
 		retained := map[string][]byte{}
-		for len(retained) < 2 {
+		for len(retained) < 3 {
 			m := third.next(t)
 			if len(m.Payload()) > 0 {
 				retained[m.Topic()] = m.Payload()
 			}
 		}
 		webOld, goneOld = retained[webTopic], retained[goneTopic]
+		tokensGen = sealedGeneration(t, tokensTopic, retained[tokensTopic])
 		if d, err := opmqtt.Decode(webOld); err != nil || d.Envelope == nil || d.Envelope.SignedBy == "" {
 			t.Fatalf("the bridge's pod message is not signed: %+v, %v", d, err)
 		}
@@ -131,6 +142,12 @@ func TestMQTTSignedDesiredState(t *testing.T) {
 	s.nodeReady(60 * time.Second)
 	replays = logCount(t, logs, logReplay, goneTopic)
 	s.asBridge(func(third *mqttPeer) {
+		// The bridge restarted twice since the pod's tokens were sent;
+		// it read its own copy back each time, and sent them no more.
+		third.subscribe(t, tokensTopic)
+		if g := sealedGeneration(t, tokensTopic, third.next(t).Payload()); g != tokensGen {
+			t.Errorf("the pod's tokens were sent again (generation %d, then %d) after the bridge restarted with its key", tokensGen, g)
+		}
 		third.publish(t, goneTopic, false, string(goneOld))
 		waitLog(t, logs, replays, 30*time.Second, "the replay ignored again after the agent restarted", logReplay, goneTopic)
 	})
@@ -141,6 +158,7 @@ func TestMQTTSignedDesiredState(t *testing.T) {
 	// the old message published again is still a replay.
 	stored := logCount(t, logs, logStored, webTopic)
 	s.broker.Stop(t)
+	checkBrokerStore(t, s.broker, []string{tokensTopic, opmqtt.BridgeTokensTopic(n.name, "default", opmqtt.TokensSecretName("with-token"))}, "s3cret")
 	s.broker.RemovePersistence(t)
 	s.broker.Start(t)
 	waitLog(t, logs, stored, 90*time.Second, "web published to the node again", logStored, webTopic)
@@ -251,5 +269,43 @@ func editFile(t *testing.T, path, old, new string) {
 	}
 	if err := os.WriteFile(path, []byte(strings.Replace(string(b), old, new, 1)), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// sealedGeneration is the generation of a sealed Secret's envelope.
+func sealedGeneration(t *testing.T, topic string, payload []byte) uint64 {
+	t.Helper()
+	e, err := opmqtt.UnmarshalEnvelope(payload)
+	if err != nil {
+		t.Fatalf("%s: %v", topic, err)
+	}
+	if e.Encoding != opmqtt.EncodingSealed {
+		t.Fatalf("%s: encoding %s, want sealed", topic, e.Encoding)
+	}
+	return e.Generation
+}
+
+// jwtHeader starts every service account token: `{"alg":` in base64url.
+const jwtHeader = "eyJhbGciOi"
+
+// checkBrokerStore reads the persistence database of the stopped broker
+// (what it retains, as written to its disk) and fails if any of secrets
+// or any service account token is in it. Each of topics must be, so the
+// file is the one the broker used.
+func checkBrokerStore(t *testing.T, b *env.MosquittoTLS, topics []string, secrets ...string) {
+	t.Helper()
+	db, err := os.ReadFile(b.DBFile)
+	if err != nil {
+		t.Fatalf("the broker's persistence database: %v", err)
+	}
+	for _, topic := range topics {
+		if !strings.Contains(string(db), topic) {
+			t.Errorf("the broker's database holds nothing at %s", topic)
+		}
+	}
+	for _, v := range append(secrets, jwtHeader) {
+		if strings.Contains(string(db), v) {
+			t.Errorf("the broker's database holds %q in clear", v)
+		}
 	}
 }

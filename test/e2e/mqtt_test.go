@@ -301,6 +301,17 @@ func TestMQTTNodePodsThroughBridge(t *testing.T) {
 	s.apiPodRunning("web-a", 60*time.Second)
 	reachAll(t, n.netns, svc.Spec.ClusterIP, "web-a")
 
+	// What the broker retains holds no secret value and no token: the
+	// Secret and the pod's tokens went sealed to the node. The config
+	// map, not a secret, is there in clear.
+	s.broker.Stop(t)
+	checkBrokerStore(t, s.broker, []string{
+		opmqtt.DesiredTopic(n.name, opmqtt.KindSecrets, "default", "web-secret"),
+		opmqtt.DesiredTopic(n.name, opmqtt.KindSecrets, "default", opmqtt.TokensSecretName("with-token")),
+		"hello over mqtt",
+	}, "s3cret")
+	s.broker.Start(t)
+
 	// kubectl delete: stopped on the node, gone from the API.
 	s.api.Kubectl(t, "delete", "pod", "web", "--wait=false")
 	waitFor(t, 60*time.Second, "pod web gone from the node and the API", func() (bool, string) {
