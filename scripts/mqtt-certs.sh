@@ -10,8 +10,9 @@
 #
 # client CN      DIR/<CN>.crt and .key: a client certificate for a node
 #                (CN = the node name, a DNS-1123 subdomain such as pi-007)
-#                or the bridge (CN outpost:bridge; its files are named
-#                outpost_bridge.crt and .key). The broker takes the CN as
+#                or the bridge (CN outpost:bridge, or outpost:bridge:N for
+#                replica N; its files are named outpost_bridge.crt and
+#                .key, outpost_bridge_N.*). The broker takes the CN as
 #                the client's username and client id (packaging/mosquitto).
 # server NAME..  DIR/server.crt and .key: the broker's certificate, valid
 #                for each host name and IP address given (the first is
@@ -93,13 +94,14 @@ shift
 command -v openssl >/dev/null || die "openssl not found (apt-get install openssl)"
 
 # valid_cn reports whether $1 is a name the broker's ACL can use: the
-# bridge's CN, or a node name, a DNS-1123 subdomain (lower case letters,
+# bridge's CN (outpost:bridge, or outpost:bridge:N for replica N), or a
+# node name, a DNS-1123 subdomain (lower case letters,
 # digits, - and ., each label starting and ending with a letter or digit,
 # at most 253 characters). Anything else could break the ACL's patterns
 # (a / would reach into another node's topics; mosquitto denies a + or #).
 valid_cn() {
 	local label='[a-z0-9]([-a-z0-9]*[a-z0-9])?'
-	[[ $1 == outpost:bridge ]] && return 0
+	[[ $1 =~ ^outpost:bridge(:[0-9]{1,3})?$ ]] && return 0
 	[[ ${#1} -le 253 && $1 =~ ^$label(\.$label)*$ ]]
 }
 
@@ -107,7 +109,7 @@ case $kind in
 client)
 	[[ $# -eq 1 ]] || usage_error "client needs exactly one CN"
 	cn=$1
-	valid_cn "$cn" || die "CN $cn: not a node name (a DNS-1123 subdomain such as pi-007) nor outpost:bridge"
+	valid_cn "$cn" || die "CN $cn: not a node name (a DNS-1123 subdomain such as pi-007) nor outpost:bridge[:N]"
 	name=${cn//:/_}
 	;;
 server)

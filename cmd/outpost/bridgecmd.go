@@ -40,6 +40,27 @@ func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageError{fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)}
 	}
+	// Replicas: where their Leases are, who this one is, and its own
+	// broker identity.
+	var namespace, identity string
+	if r := cfg.Replicas; r.Shards > 0 {
+		namespace, identity = r.Namespace, r.Identity
+		if namespace == "" {
+			namespace = "default"
+			if ns, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil && len(ns) > 0 {
+				namespace = strings.TrimSpace(string(ns))
+			}
+		}
+		if identity == "" {
+			if identity, err = os.Hostname(); err != nil {
+				return fmt.Errorf("replicas.identity: empty, and no host name: %w", err)
+			}
+			identity = strings.ToLower(identity)
+		}
+		for _, f := range []*string{&cfg.MQTT.CertFile, &cfg.MQTT.KeyFile} {
+			*f = strings.ReplaceAll(*f, "{replica}", identity)
+		}
+	}
 	tc, err := mqttTLS(cfg.MQTT)
 	if err != nil {
 		return usageError{err}
@@ -63,10 +84,17 @@ func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
 	} else {
 		log.Warn("mqtt.signingKeyFile is empty: desired state is published unsigned, and nodes that trust keys refuse it (docs/mqtt.md, signed desired state)")
 	}
-	b, err := bridge.New(bridge.Config{
+	bc := bridge.Config{
 		Dir: cfg.StateDir, KeepAlive: cfg.MQTT.KeepaliveDuration(), MaxMessageBytes: cfg.MQTT.MaxMessageBytes,
 		Labels: cfg.Labels, WriteQPS: cfg.API.WriteQPS, WriteBurst: cfg.API.WriteBurst, Signer: signer,
-	}, bridge.Deps{Client: client, Dial: dial, Clock: clock.Real{}, Log: log})
+	}
+	if r := cfg.Replicas; r.Shards > 0 {
+		bc.Shards, bc.Namespace, bc.Identity = r.Shards, namespace, identity
+		if signer == nil {
+			log.Warn("replicas without mqtt.signingKeyFile: a node that moves to another replica has its tokens requested and its Secrets sent again")
+		}
+	}
+	b, err := bridge.New(bc, bridge.Deps{Client: client, Dial: dial, Clock: clock.Real{}, Log: log})
 	if err != nil {
 		return err
 	}

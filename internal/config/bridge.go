@@ -27,6 +27,23 @@ type Bridge struct {
 	API API `json:"api"`
 	// Log sets the log level and format.
 	Log Log `json:"log"`
+	// Replicas splits the nodes among several bridges.
+	Replicas Replicas `json:"replicas"`
+}
+
+// Replicas says how bridge replicas share the fleet: the nodes are
+// split into Shards shards, each served by the replica that holds its
+// coordination/v1 Lease in Namespace (docs/mqtt.md, "Bridge replicas").
+type Replicas struct {
+	// Shards is the number of shards, the same in every replica; 0
+	// (the default) is one bridge serving every node, with no Leases.
+	Shards int `json:"shards"`
+	// Namespace holds the shards' Leases; empty is the namespace the
+	// bridge runs in (its service account's), else "default".
+	Namespace string `json:"namespace"`
+	// Identity names this replica (its Leases' holder); empty is the
+	// host name (the pod's name).
+	Identity string `json:"identity"`
 }
 
 // DefaultBridge returns the bridge's configuration with every default.
@@ -82,6 +99,19 @@ func ParseBridge(name string, data []byte) (Bridge, error) {
 		}
 		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
 			bad("labels", "value %q of %q is not a valid label value: %s", v, k, errs[0])
+		}
+	}
+	if r := cfg.Replicas; r.Shards < 0 || r.Shards > 1024 {
+		bad("replicas.shards", "%d is not between 0 and 1024", r.Shards)
+	}
+	if ns := cfg.Replicas.Namespace; ns != "" {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			bad("replicas.namespace", "%q is not a namespace name: %s", ns, errs[0])
+		}
+	}
+	if id := cfg.Replicas.Identity; id != "" {
+		if errs := validation.IsDNS1123Subdomain(id); len(errs) > 0 {
+			bad("replicas.identity", "%q is not a DNS-1123 subdomain (it names a Lease): %s", id, errs[0])
 		}
 	}
 	if cfg.API.WriteQPS <= 0 || cfg.API.WriteQPS > 1000 {

@@ -23,11 +23,18 @@ func TestParseBridge(t *testing.T) {
 		{"a: 1\n---\nb: 2\n", "bridge.yaml: holds more than one YAML document"},
 		{"mqtt: {brokers: ['ssl://b:8883'], trustedKeys: ['" + testKey + "']}\n", "bridge.yaml: mqtt.trustedKeys: is a node's setting"},
 		{"mqtt: {brokers: ['ssl://b:8883'], signingKeyFile: signing.key}\n", `bridge.yaml: mqtt.signingKeyFile: "signing.key" is not an absolute path`},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nreplicas: {shards: -1}\n", "bridge.yaml: replicas.shards: -1 is not between 0 and 1024"},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nreplicas: {shards: 8, namespace: Outpost}\n", `bridge.yaml: replicas.namespace: "Outpost" is not a namespace name`},
+		{"mqtt: {brokers: ['ssl://b:8883']}\nreplicas: {shards: 8, identity: 'a_b'}\n", `bridge.yaml: replicas.identity: "a_b" is not a DNS-1123 subdomain`},
 	} {
 		_, err := ParseBridge("bridge.yaml", []byte(tt.src))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseBridge(%q) = %v, want %q", tt.src, err, tt.want)
 		}
+	}
+	cfg, err = ParseBridge("bridge.yaml", []byte("mqtt: {brokers: ['ssl://b:8883']}\nreplicas: {shards: 16, namespace: outpost-system, identity: bridge-0}\n"))
+	if err != nil || cfg.Replicas != (Replicas{Shards: 16, Namespace: "outpost-system", Identity: "bridge-0"}) {
+		t.Errorf("replicas = %+v, %v", cfg.Replicas, err)
 	}
 	if _, err := LoadBridge(""); err == nil || !strings.Contains(err.Error(), "--config FILE is required") {
 		t.Errorf("LoadBridge without a file: %v", err)

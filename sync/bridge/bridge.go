@@ -52,6 +52,12 @@ type Config struct {
 	// the nodes holds its public key), and deletes are signed
 	// tombstones.
 	Signer *mqtt.Signer
+	// Shards, if above 0, splits the nodes among replicas of the bridge
+	// by Leases in Namespace (shard.go); Identity names this replica.
+	// At 0 this bridge serves every node, alone.
+	Shards    int
+	Namespace string
+	Identity  string
 }
 
 func (c *Config) setDefaults() {
@@ -115,6 +121,13 @@ type Bridge struct {
 	// signing key, else random (a restarted bridge then sends every
 	// sealed Secret again).
 	hashKey []byte
+	// held are the shards this replica serves (Config.Shards > 0);
+	// seen are the nodes it heard of on the broker, served or not.
+	held map[int]bool
+	seen map[string]bool
+	// clusterStop stops the cluster publisher (shard 0's holder runs
+	// it); only the sharder's goroutine uses it.
+	clusterStop func()
 }
 
 // Stats are the bridge's counters.
@@ -130,6 +143,14 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	if deps.Client == nil || deps.Dial == nil || deps.Clock == nil {
 		return nil, errors.New("sync/bridge: client, dialer and clock are required")
 	}
+	if cfg.Shards > 0 {
+		if err := checkIdentity(cfg.Identity); err != nil {
+			return nil, fmt.Errorf("sync/bridge: replica identity: %w", err)
+		}
+		if cfg.Namespace == "" {
+			return nil, errors.New("sync/bridge: shards need a namespace for their Leases")
+		}
+	}
 	if deps.Log == nil {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
@@ -137,6 +158,7 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	b := &Bridge{
 		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
 		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
+		held: map[int]bool{}, seen: map[string]bool{},
 	}
 	if cfg.Signer != nil {
 		b.own = mqtt.NewKeyring(cfg.Signer.Public())
@@ -199,9 +221,15 @@ func (b *Bridge) Run(ctx context.Context) error {
 	b.cluster = &publisher{b: b, scope: mqtt.ScopeCluster, st: cst, wake: make(chan struct{}, 1)}
 	b.mu.Unlock()
 	b.wg.Go(func() { services.Run(ctx) })
-	b.wg.Go(func() { b.cluster.loop(ctx) })
-	b.wg.Go(func() { b.adoptNodes(ctx) })
 	b.wg.Go(func() { b.runLink(ctx) })
+	if b.cfg.Shards > 0 {
+		b.log.Info("bridge replica sharing the fleet", "identity", b.cfg.Identity, "shards", b.cfg.Shards, "namespace", b.cfg.Namespace)
+		sh := newSharder(b)
+		b.wg.Go(func() { sh.run(ctx) })
+	} else {
+		b.wg.Go(func() { b.cluster.loop(ctx) })
+		b.wg.Go(func() { b.adoptNodes(ctx) })
+	}
 	<-ctx.Done()
 	b.wg.Wait()
 	b.mu.Lock()
@@ -212,8 +240,95 @@ func (b *Bridge) Run(ctx context.Context) error {
 	return nil
 }
 
+// owns reports whether this replica serves node name; b.mu is held.
+func (b *Bridge) owns(name string) bool {
+	return b.cfg.Shards <= 0 || b.held[ShardOf(name, b.cfg.Shards)]
+}
+
+// gainShard starts serving shard i: the nodes of it the API server
+// knows, and what the broker retains of the nodes of it heard of; shard
+// 0 also runs the cluster publisher. The sharder's goroutine calls it.
+func (b *Bridge) gainShard(i int) {
+	b.mu.Lock()
+	b.held[i] = true
+	ctx := b.run
+	var names []string
+	for name := range b.seen {
+		if ShardOf(name, b.cfg.Shards) == i {
+			names = append(names, name)
+		}
+	}
+	b.mu.Unlock()
+	if i == 0 {
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		b.wg.Go(func() {
+			defer close(done)
+			b.cluster.loop(cctx)
+		})
+		b.clusterStop = func() { cancel(); <-done }
+	}
+	b.wg.Go(func() { b.adoptNodes(ctx) })
+	if len(names) > 0 {
+		b.wg.Go(func() { b.reread(ctx, names) })
+	}
+}
+
+// loseShard stops serving shard i, and returns once its nodes stopped.
+// The sharder's goroutine calls it.
+func (b *Bridge) loseShard(i int) {
+	b.mu.Lock()
+	delete(b.held, i)
+	var stop []*node
+	for name, n := range b.nodes {
+		if ShardOf(name, b.cfg.Shards) == i {
+			stop = append(stop, n)
+			delete(b.nodes, name)
+		}
+	}
+	b.mu.Unlock()
+	if i == 0 && b.clusterStop != nil {
+		b.clusterStop()
+		b.clusterStop = nil
+	}
+	for _, n := range stop {
+		n.halt()
+	}
+}
+
+// reread subscribes again to the status and online topics of names, so
+// the broker sends what it retains of them, and unsubscribes after
+// IndexWait; the session's wildcard subscriptions stay. A node's newer
+// statuses win over what it had (generations), so a copy that comes
+// twice changes nothing.
+func (b *Bridge) reread(ctx context.Context, names []string) {
+	conn, _ := b.current()
+	if conn == nil {
+		return // the next session subscribes to everything anyway
+	}
+	var filters []string
+	for _, n := range names {
+		filters = append(filters, mqtt.Prefix+"nodes/"+n+"/status/#", mqtt.OnlineTopic(n))
+	}
+	for chunk := range slices.Chunk(filters, 100) {
+		if err := b.request(ctx, func(ctx context.Context) error { return conn.Subscribe(ctx, chunk...) }); err != nil {
+			b.log.Warn("read again what the broker retains of the nodes taken", "nodes", len(names), "err", err)
+			return
+		}
+	}
+	if sleep(ctx, b.deps.Clock, b.cfg.IndexWait) != nil {
+		return
+	}
+	for chunk := range slices.Chunk(filters, 100) {
+		if err := b.request(ctx, func(ctx context.Context) error { return conn.Unsubscribe(ctx, chunk...) }); err != nil {
+			return
+		}
+	}
+}
+
 // adoptNodes starts the nodes the API server already knows as MQTT
-// nodes, so their desired state is published while they are away too.
+// nodes (those this replica serves), so their desired state is
+// published while they are away too.
 func (b *Bridge) adoptNodes(ctx context.Context) {
 	bo := backoff.Backoff{Min: time.Second, Max: time.Minute}
 	for {
@@ -446,17 +561,24 @@ func (b *Bridge) handle(m mqtt.Message) {
 		b.reject(m.Topic, "topic", err)
 		return
 	}
-	switch {
-	case t.Index:
+	if t.Index {
 		b.noteIndex(t, m.Payload)
+		return
+	}
+	// A node this replica does not serve is another's.
+	n := b.ensureNode(t.Node)
+	if n == nil {
+		return
+	}
+	switch {
 	case t.Online:
-		b.ensureNode(t.Node).setOnline(string(m.Payload) == mqtt.OnlineTrue, !m.Retained)
+		n.setOnline(string(m.Payload) == mqtt.OnlineTrue, !m.Retained)
 	case t.Status == "node":
-		if err := b.ensureNode(t.Node).nodeStatus(m.Payload); err != nil {
+		if err := n.nodeStatus(m.Payload); err != nil {
 			b.reject(m.Topic, "invalid", err)
 		}
 	case t.Status == "pods":
-		if err := b.ensureNode(t.Node).podStatus(t, m.Topic, m.Payload); err != nil {
+		if err := n.podStatus(t, m.Topic, m.Payload); err != nil {
 			b.reject(m.Topic, "invalid", err)
 		} else {
 			b.mu.Lock()
@@ -464,7 +586,7 @@ func (b *Bridge) handle(m mqtt.Message) {
 			b.mu.Unlock()
 		}
 	case t.Events:
-		if err := b.ensureNode(t.Node).event(m.Payload); err != nil {
+		if err := n.event(m.Payload); err != nil {
 			b.reject(m.Topic, "invalid", err)
 		}
 	}

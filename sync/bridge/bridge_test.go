@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -362,4 +363,22 @@ func mustTopic(t *testing.T, s string) mqtt.Topic {
 		t.Fatal(err)
 	}
 	return tp
+}
+
+// ShardOf spreads node names over the shards and keeps each in one.
+func TestShardOf(t *testing.T) {
+	count := make([]int, 8)
+	for i := range 800 {
+		name := fmt.Sprintf("pi-%03d", i)
+		s := ShardOf(name, 8)
+		if s != ShardOf(name, 8) || s < 0 || s >= 8 {
+			t.Fatalf("ShardOf(%s) = %d", name, s)
+		}
+		count[s]++
+	}
+	for s, c := range count {
+		if c < 60 || c > 140 {
+			t.Errorf("shard %d has %d of 800 nodes: %v", s, c, count)
+		}
+	}
 }

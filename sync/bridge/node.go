@@ -31,6 +31,9 @@ type node struct {
 	pods *kube.Syncer
 	kube *kube.Syncer
 	pub  *publisher
+	// cancel stops the node's parts; done is closed once they stopped.
+	cancel context.CancelFunc
+	done   chan struct{}
 	// token requests a pod's token (pods.PodToken).
 	token func(context.Context, *corev1.Pod, *corev1.ServiceAccountTokenProjection) (string, time.Time, error)
 
@@ -55,12 +58,19 @@ type node struct {
 	online bool
 }
 
-// ensureNode returns the node of name, starting it on first sight.
+// ensureNode returns the node of name, starting it on first sight, or
+// nil when another replica serves it.
 func (b *Bridge) ensureNode(name string) *node {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n := b.nodes[name]; n != nil {
 		return n
+	}
+	if b.seen != nil {
+		b.seen[name] = true
+	}
+	if !b.owns(name) {
+		return nil
 	}
 	n, err := b.newNode(name)
 	if err != nil {
@@ -68,10 +78,26 @@ func (b *Bridge) ensureNode(name string) *node {
 		return &node{b: b, name: name, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
 	}
 	b.nodes[name] = n
-	ctx := b.run
-	b.wg.Go(func() { n.runAll(ctx) })
+	ctx, cancel := context.WithCancel(b.run)
+	n.cancel, n.done = cancel, make(chan struct{})
+	b.wg.Go(func() {
+		defer close(n.done)
+		n.runAll(ctx)
+	})
 	b.log.Info("mqtt node", "node", name)
 	return n
+}
+
+// halt stops the node's parts and closes its store: another replica
+// serves it now.
+func (n *node) halt() {
+	if n.cancel == nil {
+		return
+	}
+	n.cancel()
+	<-n.done
+	n.st.Close()
+	n.b.log.Info("mqtt node handed over", "node", n.name)
 }
 
 // newNode makes a node's store and Syncers; b.mu is held.

@@ -108,7 +108,7 @@ func TestMQTTCerts(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
-	for _, tc := range []struct{ cn, file string }{{"pi-007", "pi-007"}, {"outpost:bridge", "outpost_bridge"}, {"a.b-c.d", "a.b-c.d"}} {
+	for _, tc := range []struct{ cn, file string }{{"pi-007", "pi-007"}, {"outpost:bridge", "outpost_bridge"}, {"outpost:bridge:1", "outpost_bridge_1"}, {"a.b-c.d", "a.b-c.d"}} {
 		if tc.cn != "pi-007" {
 			if code, out := mqttCerts(t, "-d", dir, "-days", "30", "client", tc.cn); code != 0 {
 				t.Fatalf("client %s: exit %d\n%s", tc.cn, code, out)
@@ -167,7 +167,7 @@ func TestMQTTCerts(t *testing.T) {
 	if now, _ := os.ReadFile(filepath.Join(dir, "pi-007.crt")); !bytes.Equal(now, before) {
 		t.Errorf("a refused client pi-007 changed its certificate")
 	}
-	for _, cn := range []string{"Pi-007", "pi/007", "pi+", "#", "-pi", "pi-", "pi..7", "outpost:other", strings.Repeat("a", 254)} {
+	for _, cn := range []string{"Pi-007", "pi/007", "pi+", "#", "-pi", "pi-", "pi..7", "outpost:other", "outpost:bridge:x", "outpost:bridge:1/a", strings.Repeat("a", 254)} {
 		if code, out := mqttCerts(t, "-d", dir, "client", cn); code != 1 || !strings.Contains(out, "not a node name") {
 			t.Errorf("client %q: exit %d, want 1 saying it is not a node name:\n%s", cn, code, out)
 		}
