@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,13 +13,10 @@ import (
 	"testing"
 	"time"
 
-	paho "github.com/eclipse/paho.mqtt.golang"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/outpost-edge/outpost/sync/bridge"
-	opmqtt "github.com/outpost-edge/outpost/sync/mqtt"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -129,29 +127,6 @@ func (r *replica) kill() {
 	r.cmd = nil
 }
 
-// simNode is a node simulated by a paho client of its own identity: it
-// publishes a Ready Node status and its online flag, with the Last Will
-// false, as the agent does, and runs nothing.
-func simNode(t *testing.T, s *mqttSetup, name string) {
-	t.Helper()
-	p := connectPeer(t, s.broker, name, func(o *paho.ClientOptions) {
-		o.SetWill(opmqtt.OnlineTopic(name), opmqtt.OnlineFalse, 1, true)
-	})
-	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name, "outpost.io/simulated": "true"}},
-		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
-			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "simulated",
-		}}},
-	}
-	body, err := node.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := opmqtt.Envelope{Kind: "Node", Generation: uint64(time.Now().UnixMilli()), Encoding: opmqtt.EncodingProtobuf, Issued: time.Now(), Body: body}
-	p.publish(t, opmqtt.NodeStatusTopic(name), true, string(e.Marshal()))
-	p.publish(t, opmqtt.OnlineTopic(name), true, opmqtt.OnlineTrue)
-}
-
 // shardHolders are the holders of the shard Leases, by shard.
 func (s *mqttSetup) shardHolders() map[int]string {
 	ctx, cancel := s.adm.ctx()
@@ -171,22 +146,26 @@ func (s *mqttSetup) shardHolders() map[int]string {
 	return out
 }
 
-// balanced waits until the shards are held, share each, by ids.
+// balanced waits until the shards are all held by ids, each a fair
+// share (the floor or the ceiling of shards/replicas).
 func (s *mqttSetup) balanced(timeout time.Duration, ids ...string) map[int]string {
 	s.t.Helper()
 	var h map[int]string
-	waitFor(s.t, timeout, fmt.Sprintf("the %d shards held by %v, an equal share each", replicaShards, ids), func() (bool, string) {
+	lo, hi := replicaShards/len(ids), (replicaShards+len(ids)-1)/len(ids)
+	waitFor(s.t, timeout, fmt.Sprintf("the %d shards held by %v, %d to %d each", replicaShards, ids, lo, hi), func() (bool, string) {
 		h = s.shardHolders()
 		count := map[string]int{}
 		for _, id := range h {
 			count[id]++
 		}
+		total := 0
 		for _, id := range ids {
-			if count[id] != replicaShards/len(ids) {
+			if count[id] < lo || count[id] > hi {
 				return false, fmt.Sprint(h)
 			}
+			total += count[id]
 		}
-		return len(h) == replicaShards, fmt.Sprint(h)
+		return total == replicaShards && len(h) == replicaShards, fmt.Sprint(h)
 	})
 	return h
 }
@@ -261,45 +240,135 @@ func (s *mqttSetup) leaseRenewedSince(name string, t time.Time, timeout time.Dur
 	return at.Sub(t)
 }
 
-// TestMQTTBridgeReplicas runs two bridge replicas over 8 shards with an
-// MQTT node running pods and six simulated nodes (paho clients that
-// publish a Ready status and their online flag):
-//   - the shards split 4 and 4, and every node is served (Ready, its
+var (
+	fleetsimOnce sync.Once
+	fleetsimPath string
+	fleetsimErr  error
+)
+
+// fleetsimBin builds test/fleetsim once, beside outpostBin.
+func fleetsimBin(t *testing.T) string {
+	t.Helper()
+	fleetsimOnce.Do(func() {
+		fleetsimPath = filepath.Join(filepath.Dir(outpostBin), "fleetsim")
+		build := exec.Command("go", "build", "-o", fleetsimPath, "./test/fleetsim")
+		build.Dir = "../.."
+		out, err := build.CombinedOutput()
+		if err != nil {
+			fleetsimErr = fmt.Errorf("build test/fleetsim: %v: %s", err, out)
+		}
+	})
+	if fleetsimErr != nil {
+		t.Fatal(fleetsimErr)
+	}
+	return fleetsimPath
+}
+
+// fleetReport is test/fleetsim's report, the fields the tests read.
+type fleetReport struct {
+	Nodes, Pods, Published, Seen, Pending, Errors int
+	MessagesPerSecond, APIWritesPerSecond         float64
+	LagP50, LagP99, LagMax                        float64
+	Bridges                                       []struct {
+		PID                    int
+		CPU, RSSMiB, MaxRSSMiB float64
+	}
+}
+
+// fleet is a running test/fleetsim.
+type fleet struct {
+	cmd    *exec.Cmd
+	stderr string
+	out    *strings.Builder
+	done   chan error
+}
+
+// startFleet runs test/fleetsim against the setup's broker and API
+// server with args.
+func (s *mqttSetup) startFleet(args ...string) *fleet {
+	s.t.Helper()
+	dir := s.t.TempDir()
+	caCert, caKey := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	if err := s.broker.CA().WriteCert(caCert); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.broker.CA().WriteKey(caKey); err != nil {
+		s.t.Fatal(err)
+	}
+	f := &fleet{stderr: filepath.Join(dir, "fleetsim.log"), out: &strings.Builder{}, done: make(chan error, 1)}
+	logf, err := os.Create(f.stderr)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	f.cmd = exec.Command(fleetsimBin(s.t), append([]string{"-kubeconfig", s.api.Kubeconfig, "-broker", s.broker.URL, "-ca-cert", caCert, "-ca-key", caKey}, args...)...)
+	f.cmd.Stdout, f.cmd.Stderr = f.out, logf
+	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := f.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { f.done <- f.cmd.Wait(); logf.Close() }()
+	s.t.Cleanup(func() { f.cmd.Process.Kill() })
+	return f
+}
+
+// waitLine waits until the fleet's log has a line containing sub.
+func (f *fleet) waitLine(t *testing.T, sub string, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, "fleetsim says "+sub, func() (bool, string) {
+		b, _ := os.ReadFile(f.stderr)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		return strings.Contains(string(b), sub), lines[len(lines)-1]
+	})
+}
+
+// report waits for the fleet to end and returns its report.
+func (f *fleet) report(t *testing.T, timeout time.Duration) fleetReport {
+	t.Helper()
+	select {
+	case err := <-f.done:
+		if err != nil {
+			b, _ := os.ReadFile(f.stderr)
+			t.Fatalf("fleetsim: %v\n%s", err, b)
+		}
+	case <-time.After(timeout):
+		t.Fatalf("fleetsim did not end within %v", timeout)
+	}
+	var r fleetReport
+	if err := json.Unmarshal([]byte(f.out.String()), &r); err != nil {
+		t.Fatalf("fleetsim report %q: %v", f.out.String(), err)
+	}
+	return r
+}
+
+// TestMQTTBridgeReplicas runs three bridge replicas over 8 shards with an
+// MQTT node running pods and 50 simulated nodes (test/fleetsim: real
+// MQTT clients publishing their Node status, online flag and a pod status
+// a second each):
+//   - the shards split 3, 3 and 2, and every node is served (Ready, its
 //     Lease renewed);
-//   - the replica serving the real node is killed; the other takes its
-//     shards and renews every node's Lease within 15 s; a pod's status
-//     change on the node during the move reaches the API server; no
-//     container restarts, no node's Lease gets older than its 40 s, no
-//     node is seen other than Ready;
-//   - the killed replica started again takes back exactly its share (4
-//     shards change hands, no more), and a pod created then runs.
+//   - the replica serving the real node is killed while the fleet
+//     publishes; the others take its shards and renew every moved node's
+//     Lease within 15 s; every pod's last status, published during the
+//     move too, reaches the API server; no container restarts, no node's
+//     Lease gets older than its 40 s, no node is seen other than Ready;
+//   - the killed replica started again takes a share, and no shard moves
+//     between the others; a pod created then runs.
 func TestMQTTBridgeReplicas(t *testing.T) {
 	s := newMQTTSetupWith(t, "e2e-mqtt-replicas", mqttOptions{signed: true})
 	// The shipped StatefulSet of replicas is one the API server takes.
 	s.api.Kubectl(t, "apply", "--dry-run=server", "-f", "../../packaging/bridge/deployment.yaml")
 	s.shareFleet("bridge-a")
-	b := s.startReplica("bridge-b", bridgeCN+":1")
-	s.balanced(60*time.Second, "bridge-a", "bridge-b")
+	replicas := map[string]*replica{
+		"bridge-b": s.startReplica("bridge-b", bridgeCN+":1"),
+		"bridge-c": s.startReplica("bridge-c", bridgeCN+":2"),
+	}
+	ids := []string{"bridge-a", "bridge-b", "bridge-c"}
+	s.balanced(60*time.Second, ids...)
 
 	n := s.node
 	n.outside()
 	n.start()
 	s.nodeReady(60 * time.Second)
-	names := []string{n.name}
-	for i := range 6 {
-		name := fmt.Sprintf("sim-%d", i)
-		simNode(t, s, name)
-		names = append(names, name)
-	}
-	for _, name := range names {
-		waitFor(t, 60*time.Second, "node "+name+" registered with a Lease", func() (bool, string) {
-			ctx, cancel := s.adm.ctx()
-			defer cancel()
-			var l coordv1.Lease
-			err := s.adm.coor.Get().Namespace("kube-node-lease").Resource("leases").Name(name).Do(ctx).Into(&l)
-			return err == nil, fmt.Sprint(err)
-		})
-	}
 	ctl := t.TempDir()
 	s.apply(mqttWebConfig)
 	s.apply(mqttWebSecret)
@@ -308,27 +377,41 @@ func TestMQTTBridgeReplicas(t *testing.T) {
 	s.apiPodRunning("web", 60*time.Second)
 	s.apiPodRunning("ctl", 60*time.Second)
 	before := containerIDs(t, n, "web", "ctl")
+
+	const sims = 50
+	f := s.startFleet("-nodes", fmt.Sprint(sims), "-pods", "5", "-prefix", "sim-", "-status-every", "1s", "-node-status-every", "20s",
+		"-connect-spread", "2s", "-duration", "45s", "-settle", "30s")
+	f.waitLine(t, "publishing statuses", 120*time.Second)
+	names := []string{n.name}
+	for i := range sims {
+		names = append(names, fmt.Sprintf("sim-%04d", i))
+	}
 	served := map[string]int{}
+	holders := s.shardHolders()
 	for _, name := range names {
-		served[fmt.Sprint(s.shardHolders()[bridge.ShardOf(name, replicaShards)])]++
+		served[holders[bridge.ShardOf(name, replicaShards)]]++
 	}
 	t.Logf("nodes served: %v", served)
+	time.Sleep(5 * time.Second)
 
 	// Kill the replica that serves the real node.
-	holders := s.shardHolders()
 	owner := holders[bridge.ShardOf(n.name, replicaShards)]
-	survivor := "bridge-a"
+	var survivors []string
+	for _, id := range ids {
+		if id != owner {
+			survivors = append(survivors, id)
+		}
+	}
 	w := s.watchNodes(names)
 	killed := time.Now()
 	if owner == "bridge-a" {
 		s.killBridge()
-		survivor = "bridge-b"
 	} else {
-		b.kill()
+		replicas[owner].kill()
 	}
 	// A status change on the node while its replica is gone.
 	setCtl(t, ctl, "ctl", true)
-	s.balanced(30*time.Second, survivor)
+	during := s.balanced(30*time.Second, survivors...)
 	took := time.Since(killed)
 	var moved time.Duration
 	for _, name := range names {
@@ -336,7 +419,7 @@ func TestMQTTBridgeReplicas(t *testing.T) {
 			moved = max(moved, s.leaseRenewedSince(name, killed, 30*time.Second))
 		}
 	}
-	t.Logf("replica %s killed: its shards taken by %s in %v, its nodes' Leases renewed in %v", owner, survivor, took.Round(time.Millisecond), moved.Round(time.Millisecond))
+	t.Logf("replica %s killed: its shards taken by %v in %v, its %d nodes' Leases renewed in %v", owner, survivors, took.Round(time.Millisecond), served[owner], moved.Round(time.Millisecond))
 	if moved > 15*time.Second {
 		t.Errorf("the killed replica's nodes had their Leases renewed %v after the kill, want within 15 s", moved)
 	}
@@ -347,34 +430,39 @@ func TestMQTTBridgeReplicas(t *testing.T) {
 		}
 		return podCondition(p, corev1.PodReady) == corev1.ConditionFalse, asJSON(p.Status)
 	})
+	r := f.report(t, 3*time.Minute)
+	t.Logf("fleet: %d statuses published, %d seen, %d pending; lag p50 %.0f ms, p99 %.0f ms, max %.0f ms; %d errors",
+		r.Published, r.Seen, r.Pending, r.LagP50, r.LagP99, r.LagMax, r.Errors)
+	if r.Published == 0 || r.Pending != 0 || r.Errors != 0 {
+		t.Errorf("fleet: %d statuses published, %d pods' last status never reached the API server, %d errors; want none lost", r.Published, r.Pending, r.Errors)
+	}
 
-	// The killed replica back: it takes its share, and only that moves.
+	// The killed replica back: it takes a share, and no shard moves
+	// between the others.
 	if owner == "bridge-a" {
 		s.startBridge()
 	} else {
-		b.start(t)
+		replicas[owner].start(t)
 	}
-	after := s.balanced(60*time.Second, "bridge-a", "bridge-b")
-	changed := 0
+	after := s.balanced(60*time.Second, ids...)
 	for i := range replicaShards {
-		if after[i] != survivor {
-			changed++
+		if after[i] != during[i] && after[i] != owner {
+			t.Errorf("shard %d moved from %s to %s, not to the replica that came back", i, during[i], after[i])
 		}
-	}
-	if changed != replicaShards/2 {
-		t.Errorf("%d shards changed hands when the replica came back, want %d: %v", changed, replicaShards/2, after)
 	}
 	s.adm.create("pods", apiPod("after-move", n.name, "while true; do sleep 1; done"))
 	s.apiPodRunning("after-move", 60*time.Second)
 	// Settle a renew interval on the new owner before the last look.
 	time.Sleep(3 * time.Second)
 	oldest, notReady := w.finish()
+	worst := time.Duration(0)
 	for name, age := range oldest {
+		worst = max(worst, age)
 		if age >= 40*time.Second {
 			t.Errorf("node %s's Lease was %v old at worst, past its 40 s", name, age.Round(time.Millisecond))
 		}
 	}
-	t.Logf("oldest Lease seen during the moves: %v", oldest)
+	t.Logf("oldest node Lease seen during the moves: %v", worst.Round(time.Millisecond))
 	if len(notReady) > 0 {
 		t.Errorf("nodes seen not Ready during the moves: %v", notReady)
 	}

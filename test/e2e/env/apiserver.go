@@ -331,6 +331,17 @@ func (c *CA) CertPEM() []byte {
 // WriteCert writes the CA certificate to path.
 func (c *CA) WriteCert(path string) error { return os.WriteFile(path, c.CertPEM(), 0o644) }
 
+// WriteKey writes the CA's private key (PKCS #8 PEM) to path, readable
+// by its owner only, for a command that issues certificates of its own
+// (test/fleetsim).
+func (c *CA) WriteKey(path string) error {
+	der, err := x509.MarshalPKCS8PrivateKey(c.Key)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+}
+
 // Issue returns a certificate and key (PEM) for subject, signed by c.
 func (c *CA) Issue(subject pkix.Name, dns []string, ips []net.IP, usage ...x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

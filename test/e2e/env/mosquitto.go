@@ -297,6 +297,9 @@ func (m *MosquittoTLS) issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
 	return certPEM, keyPEM
 }
 
+// CA is the CA that issues the broker's and the clients' certificates.
+func (m *MosquittoTLS) CA() *CA { return m.ca }
+
 // LoadCA reads a CA certificate and its private key (PEM: PKCS #8, as
 // scripts/mqtt-certs.sh writes it, or SEC 1 EC).
 func LoadCA(certFile, keyFile string) (*CA, error) {
