@@ -36,6 +36,10 @@ func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
 	} else if rc, err = rest.InClusterConfig(); err != nil {
 		return usageError{fmt.Errorf("kubeconfig: empty, and not in a cluster: %w", err)}
 	}
+	// The bridge writes for a fleet: each node's Lease every 10 s (200
+	// a second at 2,000 nodes) besides its statuses, paced per node by
+	// api.writeQPS. The client's own limit is only a ceiling far above.
+	rc.QPS, rc.Burst = 2000, 4000
 	client, err := kube.NewClient(rc, "outpost-bridge/"+version)
 	if err != nil {
 		return usageError{fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)}

@@ -128,6 +128,8 @@ type Bridge struct {
 	// clusterStop stops the cluster publisher (shard 0's holder runs
 	// it); only the sharder's goroutine uses it.
 	clusterStop func()
+	// feed watches the pods of every node served, with one watch.
+	feed *kube.PodsFeed
 }
 
 // Stats are the bridge's counters.
@@ -216,10 +218,16 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	feed, err := kube.NewPodsFeed(kube.Deps{Client: b.deps.Client, Store: cst, Clock: b.deps.Clock, Log: b.log.With("scope", "pods")})
+	if err != nil {
+		return err
+	}
 	b.mu.Lock()
 	b.run = ctx
+	b.feed = feed
 	b.cluster = &publisher{b: b, scope: mqtt.ScopeCluster, st: cst, wake: make(chan struct{}, 1)}
 	b.mu.Unlock()
+	b.wg.Go(func() { feed.Run(ctx) })
 	b.wg.Go(func() { services.Run(ctx) })
 	b.wg.Go(func() { b.runLink(ctx) })
 	if b.cfg.Shards > 0 {

@@ -21,8 +21,9 @@ import (
 // listed into its store before it starts draining statuses anyway.
 const listedWait = 30 * time.Second
 
-// node is one MQTT node: a store in the scratch directory, sync/kube's
-// pods watch into it (LoopPods), and sync/kube's node and status parts
+// node is one MQTT node: a store in the scratch directory, its pods from
+// the bridge's sync/kube PodsFeed and the config maps and secrets they
+// use from sync/kube's LoopRefs, and sync/kube's node and status parts
 // (LoopNode, LoopStatus), which write what the node reports.
 type node struct {
 	b    *Bridge
@@ -108,7 +109,9 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	}
 	n := &node{b: b, name: name, st: st, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
 	log := b.log.With("node", name)
-	n.pods, err = kube.New(kube.Config{NodeName: name, Loops: kube.LoopPods},
+	// The pods come from the bridge's PodsFeed (one watch for all the
+	// nodes); this Syncer watches the config maps and secrets they use.
+	n.pods, err = kube.New(kube.Config{NodeName: name, Loops: kube.LoopRefs},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log})
 	if err != nil {
 		st.Close()
@@ -135,6 +138,10 @@ func (b *Bridge) newNode(name string) (*node, error) {
 // store (so no status of a pod is dropped for a pod not listed yet).
 func (n *node) runAll(ctx context.Context) {
 	var wg sync.WaitGroup
+	if n.b.feed != nil {
+		defer n.b.feed.Remove(n.name)
+		wg.Go(func() { n.b.feed.Add(ctx, n.name, n.st) })
+	}
 	wg.Go(func() { n.pods.Run(ctx) })
 	wg.Go(func() { n.pub.loop(ctx) })
 	wg.Go(func() {

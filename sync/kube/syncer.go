@@ -57,6 +57,10 @@ const (
 	// LoopStatus drains the journal into pod status patches, final
 	// deletes, mirror pods and events.
 	LoopStatus
+	// LoopRefs watches the config maps and secrets the store's pods
+	// use, when the pods come from elsewhere (a PodsFeed); LoopPods
+	// includes it.
+	LoopRefs
 	// LoopAll is every part.
 	LoopAll = LoopNode | LoopPods | LoopServices | LoopStatus
 )
@@ -178,7 +182,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		run  func(context.Context)
 	}{
 		{LoopNode, s.runNode}, {LoopPods, s.runPods}, {LoopServices, s.runServices},
-		{LoopServices, s.runEndpointSlices}, {LoopStatus, s.runStatus},
+		{LoopServices, s.runEndpointSlices}, {LoopStatus, s.runStatus}, {LoopRefs, s.runRefs},
 	} {
 		if s.cfg.Loops&l.part != 0 {
 			wg.Go(func() { l.run(ctx) })

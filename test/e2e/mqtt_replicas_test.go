@@ -247,7 +247,7 @@ var (
 )
 
 // fleetsimBin builds test/fleetsim once, beside outpostBin.
-func fleetsimBin(t *testing.T) string {
+func fleetsimBin(t testing.TB) string {
 	t.Helper()
 	fleetsimOnce.Do(func() {
 		fleetsimPath = filepath.Join(filepath.Dir(outpostBin), "fleetsim")
@@ -287,32 +287,38 @@ type fleet struct {
 // server with args.
 func (s *mqttSetup) startFleet(args ...string) *fleet {
 	s.t.Helper()
-	dir := s.t.TempDir()
+	return startFleet(s.t, s.api, s.broker, args...)
+}
+
+// startFleet runs test/fleetsim against broker and api with args.
+func startFleet(t testing.TB, api *env.APIServer, broker *env.MosquittoTLS, args ...string) *fleet {
+	t.Helper()
+	dir := t.TempDir()
 	caCert, caKey := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
-	if err := s.broker.CA().WriteCert(caCert); err != nil {
-		s.t.Fatal(err)
+	if err := broker.CA().WriteCert(caCert); err != nil {
+		t.Fatal(err)
 	}
-	if err := s.broker.CA().WriteKey(caKey); err != nil {
-		s.t.Fatal(err)
+	if err := broker.CA().WriteKey(caKey); err != nil {
+		t.Fatal(err)
 	}
 	f := &fleet{stderr: filepath.Join(dir, "fleetsim.log"), out: &strings.Builder{}, done: make(chan error, 1)}
 	logf, err := os.Create(f.stderr)
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
-	f.cmd = exec.Command(fleetsimBin(s.t), append([]string{"-kubeconfig", s.api.Kubeconfig, "-broker", s.broker.URL, "-ca-cert", caCert, "-ca-key", caKey}, args...)...)
+	f.cmd = exec.Command(fleetsimBin(t), append([]string{"-kubeconfig", api.Kubeconfig, "-broker", broker.URL, "-ca-cert", caCert, "-ca-key", caKey}, args...)...)
 	f.cmd.Stdout, f.cmd.Stderr = f.out, logf
 	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := f.cmd.Start(); err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	go func() { f.done <- f.cmd.Wait(); logf.Close() }()
-	s.t.Cleanup(func() { f.cmd.Process.Kill() })
+	t.Cleanup(func() { f.cmd.Process.Kill() })
 	return f
 }
 
 // waitLine waits until the fleet's log has a line containing sub.
-func (f *fleet) waitLine(t *testing.T, sub string, timeout time.Duration) {
+func (f *fleet) waitLine(t testing.TB, sub string, timeout time.Duration) {
 	t.Helper()
 	waitFor(t, timeout, "fleetsim says "+sub, func() (bool, string) {
 		b, _ := os.ReadFile(f.stderr)
@@ -322,7 +328,7 @@ func (f *fleet) waitLine(t *testing.T, sub string, timeout time.Duration) {
 }
 
 // report waits for the fleet to end and returns its report.
-func (f *fleet) report(t *testing.T, timeout time.Duration) fleetReport {
+func (f *fleet) report(t testing.TB, timeout time.Duration) fleetReport {
 	t.Helper()
 	select {
 	case err := <-f.done:

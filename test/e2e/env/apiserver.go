@@ -51,7 +51,13 @@ type APIServer struct {
 
 	args    []string
 	proc    *process
+	etcd    *process
 	restart int
+}
+
+// PIDs are the process IDs of kube-apiserver and etcd.
+func (a *APIServer) PIDs() (apiserver, etcd int) {
+	return a.proc.cmd.Process.Pid, a.etcd.cmd.Process.Pid
 }
 
 // auditPolicy records every request at Metadata level, so tests can count
@@ -138,6 +144,7 @@ func StartAPIServer(t testing.TB) *APIServer {
 		"--initial-cluster", "e2e="+peerURL, "--log-level", "warn", "--unsafe-no-fsync")
 	waitFor(t, etcd, 30*time.Second, func() error { return httpOK(http.DefaultClient, etcdURL+"/health", "") })
 
+	a.etcd = etcd
 	// kube-apiserver
 	port := FreePort(t)
 	a.URL = fmt.Sprintf("https://127.0.0.1:%d", port)

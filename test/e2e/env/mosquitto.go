@@ -297,6 +297,9 @@ func (m *MosquittoTLS) issue(t testing.TB, cn string) (certPEM, keyPEM []byte) {
 	return certPEM, keyPEM
 }
 
+// PID is the running broker's process ID.
+func (m *MosquittoTLS) PID() int { return m.proc.cmd.Process.Pid }
+
 // CA is the CA that issues the broker's and the clients' certificates.
 func (m *MosquittoTLS) CA() *CA { return m.ca }
 
