@@ -143,7 +143,6 @@ func (n *node) runAll(ctx context.Context) {
 		wg.Go(func() { n.b.feed.Add(ctx, n.name, n.st) })
 	}
 	wg.Go(func() { n.pods.Run(ctx) })
-	wg.Go(func() { n.pub.loop(ctx) })
 	wg.Go(func() {
 		select {
 		case <-ctx.Done():
@@ -153,6 +152,9 @@ func (n *node) runAll(ctx context.Context) {
 		n.waitListed(ctx)
 		n.kube.Run(ctx)
 	})
+	// The publisher in this goroutine, which would otherwise only wait:
+	// a bridge runs this for every node.
+	n.pub.loop(ctx)
 	wg.Wait()
 }
 

@@ -176,7 +176,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 // has exited. An unreachable API server is not an error: Run keeps
 // retrying, and the pods keep running from the store.
 func (s *Syncer) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
+	var parts []func(context.Context)
 	for _, l := range []struct {
 		part Loops
 		run  func(context.Context)
@@ -185,9 +185,20 @@ func (s *Syncer) Run(ctx context.Context) error {
 		{LoopServices, s.runEndpointSlices}, {LoopStatus, s.runStatus}, {LoopRefs, s.runRefs},
 	} {
 		if s.cfg.Loops&l.part != 0 {
-			wg.Go(func() { l.run(ctx) })
+			parts = append(parts, l.run)
 		}
 	}
+	if len(parts) == 0 {
+		return nil
+	}
+	// The first part runs in Run's own goroutine: the bridge runs two
+	// Syncers for every node it serves, and a goroutine that only waits
+	// costs its stack for each.
+	var wg sync.WaitGroup
+	for _, run := range parts[1:] {
+		wg.Go(func() { run(ctx) })
+	}
+	parts[0](ctx)
 	wg.Wait()
 	return nil
 }

@@ -101,7 +101,7 @@ func (s *mqttSetup) startReplica(id, cn string) *replica {
 	return r
 }
 
-func (r *replica) start(t *testing.T) {
+func (r *replica) start(t testing.TB) {
 	t.Helper()
 	logf, err := os.OpenFile(r.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
