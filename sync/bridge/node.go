@@ -17,10 +17,6 @@ import (
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
-// listedWait bounds how long a node's Syncer waits for its pods to be
-// listed into its store before it starts draining statuses anyway.
-const listedWait = 30 * time.Second
-
 // node is one MQTT node: a store in the scratch directory, its pods from
 // the bridge's sync/kube PodsFeed and the config maps and secrets they
 // use from sync/kube's LoopRefs, and sync/kube's node and status parts
@@ -119,7 +115,8 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	}
 	labels := map[string]string{LabelTransport: "mqtt"}
 	maps.Copy(labels, b.cfg.Labels)
-	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst},
+	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst,
+		StatusAfterPodsListed: true},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log, NodeFacts: n.nodeFacts})
 	if err != nil {
 		st.Close()
@@ -132,10 +129,12 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	return n, nil
 }
 
-// runAll runs the node's parts until ctx ends: the pods watch and the
-// publisher (which keeps the pods' tokens) at once, the Node and status
-// parts once the node published its status and its pods are in the
-// store (so no status of a pod is dropped for a pod not listed yet).
+// runAll runs the node's parts until ctx ends: its pods from the feed,
+// the references they use and the publisher (which keeps the pods'
+// tokens) at once, the Node part (its Lease) once the node published its
+// status, and the status part only once its pods are in the store (so
+// no status of a pod is dropped for a pod not listed yet, however long
+// the list takes).
 func (n *node) runAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	if n.b.feed != nil {
@@ -149,26 +148,12 @@ func (n *node) runAll(ctx context.Context) {
 			return
 		case <-n.hasFacts:
 		}
-		n.waitListed(ctx)
 		n.kube.Run(ctx)
 	})
 	// The publisher in this goroutine, which would otherwise only wait:
 	// a bridge runs this for every node.
 	n.pub.loop(ctx)
 	wg.Wait()
-}
-
-// waitListed waits until the pods watch listed once, or listedWait.
-func (n *node) waitListed(ctx context.Context) {
-	deadline := n.b.deps.Clock.Now().Add(listedWait)
-	for n.b.deps.Clock.Now().Before(deadline) {
-		if rv, err := n.st.ResumeVersion("pods"); err == nil && rv != "" {
-			return
-		}
-		if sleep(ctx, n.b.deps.Clock, 100*time.Millisecond) != nil {
-			return
-		}
-	}
 }
 
 // sealKey is the node's public seal key, nil while it is not known.

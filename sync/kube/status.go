@@ -57,6 +57,14 @@ type podAPI interface {
 // ctx ends: pod status patches, the final delete of a pod whose deletion
 // has finished on the node, mirror pods for static pods, and events.
 func (s *Syncer) runStatus(ctx context.Context) {
+	for s.cfg.StatusAfterPodsListed {
+		if rv, err := s.deps.Store.ResumeVersion(podsResource); err == nil && rv != "" {
+			break
+		}
+		if s.sleep(ctx, 100*time.Millisecond) != nil {
+			return
+		}
+	}
 	s.drainStatus(ctx, restPods{s})
 }
 

@@ -28,6 +28,11 @@ type Config struct {
 	// (default 20 per second, burst 40).
 	WriteQPS   float64
 	WriteBurst int
+	// StatusAfterPodsListed holds the status part (LoopStatus) until
+	// the store's pods were listed once (their resume version is set),
+	// when they are listed by someone else (the bridge's PodsFeed): a
+	// status of a pod the store does not hold yet would be dropped.
+	StatusAfterPodsListed bool
 	// LeaseDuration is the Lease's leaseDurationSeconds (default 40 s);
 	// it is renewed every RenewInterval (default 10 s).
 	LeaseDuration time.Duration
