@@ -69,6 +69,15 @@ func BenchmarkMQTTFleet(b *testing.B) {
 			}
 			second = fleetReplica(b, s, cfg, "bridge-b", mqttBenchBridgeCN+":1")
 		}
+		if keep := os.Getenv("BENCH_KEEP_LOG"); keep != "" {
+			// Copied before the temporary directories go.
+			b.Cleanup(func() {
+				copyFile(b, s.bridgeLog, keep+".bridge.log")
+				if second != nil {
+					copyFile(b, second.log, keep+".bridge-b.log")
+				}
+			})
+		}
 		s.startBridge()
 		if second != nil {
 			second.start(b)
@@ -287,4 +296,14 @@ func benchEnvInt(b *testing.B, name string, def int) int {
 		b.Fatalf("%s=%q: not a positive number", name, v)
 	}
 	return n
+}
+
+func copyFile(b *testing.B, from, to string) {
+	data, err := os.ReadFile(from)
+	if err == nil {
+		err = os.WriteFile(to, data, 0o644)
+	}
+	if err != nil {
+		b.Logf("keep %s: %v", from, err)
+	}
 }
