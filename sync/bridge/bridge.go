@@ -122,9 +122,11 @@ type Bridge struct {
 	// sealed Secret again).
 	hashKey []byte
 	// held are the shards this replica serves (Config.Shards > 0);
-	// seen are the nodes it heard of on the broker, served or not.
-	held map[int]bool
-	seen map[string]bool
+	// heard are the nodes it heard of on the broker, served or not, with
+	// their last online flag and Node status, which a node taken over
+	// starts from.
+	held  map[int]bool
+	heard map[string]*heard
 	// clusterStop stops the cluster publisher (shard 0's holder runs
 	// it); only the sharder's goroutine uses it.
 	clusterStop func()
@@ -160,7 +162,7 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 	b := &Bridge{
 		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
 		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
-		held: map[int]bool{}, seen: map[string]bool{},
+		held: map[int]bool{}, heard: map[string]*heard{},
 	}
 	if cfg.Signer != nil {
 		b.own = mqtt.NewKeyring(cfg.Signer.Public())
@@ -253,15 +255,16 @@ func (b *Bridge) owns(name string) bool {
 	return b.cfg.Shards <= 0 || b.held[ShardOf(name, b.cfg.Shards)]
 }
 
-// gainShard starts serving shard i: the nodes of it the API server
-// knows, and what the broker retains of the nodes of it heard of; shard
-// 0 also runs the cluster publisher. The sharder's goroutine calls it.
+// gainShard starts serving shard i: the nodes of it heard of on the
+// broker (from what was heard of them) and those the API server knows,
+// then reads what the broker retains of the nodes heard of; shard 0
+// also runs the cluster publisher. The sharder's goroutine calls it.
 func (b *Bridge) gainShard(i int) {
 	b.mu.Lock()
 	b.held[i] = true
 	ctx := b.run
 	var names []string
-	for name := range b.seen {
+	for name := range b.heard {
 		if ShardOf(name, b.cfg.Shards) == i {
 			names = append(names, name)
 		}
@@ -278,7 +281,18 @@ func (b *Bridge) gainShard(i int) {
 	}
 	b.wg.Go(func() { b.adoptNodes(ctx) })
 	if len(names) > 0 {
-		b.wg.Go(func() { b.reread(ctx, names) })
+		b.wg.Go(func() {
+			// The nodes heard of start at once, from what was heard of
+			// them, then read what the broker retains of them (their
+			// pods' statuses).
+			for _, name := range names {
+				if ctx.Err() != nil {
+					return
+				}
+				b.ensureNode(name)
+			}
+			b.reread(ctx, names)
+		})
 	}
 }
 
@@ -416,6 +430,9 @@ func (b *Bridge) runLink(ctx context.Context) {
 		b.conn, b.ready = nil, false
 		b.broadcast()
 		nodes := slices.Collect(maps.Values(b.nodes))
+		for _, h := range b.heard {
+			h.known = false
+		}
 		b.mu.Unlock()
 		if ctx.Err() != nil {
 			conn.Close(true)
@@ -573,7 +590,9 @@ func (b *Bridge) handle(m mqtt.Message) {
 		b.noteIndex(t, m.Payload)
 		return
 	}
-	// A node this replica does not serve is another's.
+	// A node this replica does not serve is another's; what it says of
+	// itself is kept all the same, for a take-over.
+	b.hear(t, m.Payload)
 	n := b.ensureNode(t.Node)
 	if n == nil {
 		return

@@ -64,6 +64,7 @@ func testBridge(t *testing.T) (*Bridge, *store.Store, *clocktest.Fake) {
 	b := &Bridge{
 		cfg: Config{RequestTimeout: time.Second, MaxMessageBytes: 1 << 20}, deps: Deps{Clock: clk}, log: slog.New(slog.DiscardHandler),
 		nodes: map[string]*node{}, changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
+		held: map[int]bool{}, heard: map[string]*heard{},
 	}
 	return b, st, clk
 }

@@ -2,10 +2,20 @@ package bridge
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
 	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
@@ -171,5 +181,100 @@ func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
 		if p.topic == mqtt.DesiredTopic("pi-1", mqtt.KindPods, "default", "a") && len(p.payload) == 0 {
 			t.Errorf("pod a deleted on the broker: published %v", topics(pubs))
 		}
+	}
+}
+
+// A replica hears every node's online flag and Node status, served or
+// not, and starts a node it takes over from them: online, its Lease
+// renewed at once, without waiting for the broker to send its retained
+// messages again (at fleet size those came too late, and the nodes moved
+// went NotReady).
+func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
+	b, _, _ := testBridge(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not here", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	client, err := kube.NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.deps.Client = client
+	b.cfg.Dir = t.TempDir()
+	if err := os.MkdirAll(filepath.Join(b.cfg.Dir, "nodes"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Shards, b.held, b.heard = 2, map[int]bool{}, map[string]*heard{}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.run = ctx
+	defer func() {
+		cancel()
+		b.wg.Wait()
+		for _, n := range b.nodes {
+			n.st.Close()
+		}
+	}()
+
+	// A node of shard 1 (shard 0's holder runs the cluster publisher
+	// too, which this test has not set up).
+	name := "pi-1"
+	for i := 2; ShardOf(name, b.cfg.Shards) != 1; i++ {
+		name = fmt.Sprintf("pi-%d", i)
+	}
+	shard := 1
+	status := func(gen uint64, label string) mqtt.Message {
+		body, err := (&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"v": label}}}).Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := mqtt.Envelope{Kind: "Node", Generation: gen, Encoding: mqtt.EncodingProtobuf, Body: body}
+		return mqtt.Message{Topic: mqtt.NodeStatusTopic(name), Payload: e.Marshal(), Retained: true}
+	}
+	b.handle(status(2, "new"))
+	b.handle(status(1, "old")) // late, and older: not kept
+	b.handle(mqtt.Message{Topic: mqtt.OnlineTopic(name), Payload: []byte(mqtt.OnlineTrue)})
+	if len(b.nodes) != 0 {
+		t.Fatalf("a node of a shard not held was started: %v", b.nodes)
+	}
+
+	b.gainShard(shard)
+	var n *node
+	waitUntil(t, "the node started with its shard", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		n = b.nodes[name]
+		return n != nil
+	})
+	if !n.isOnline() {
+		t.Error("the node taken over is away: its online flag heard before was not used")
+	}
+	select {
+	case <-n.hasFacts:
+	default:
+		t.Fatal("the node taken over has no Node status: the one heard before was not used")
+	}
+	if got := n.nodeFacts().Labels["v"]; got != "new" {
+		t.Errorf("the node taken over started from status %q, want the newest heard", got)
+	}
+
+	// A lost broker connection forgets the flags heard on it.
+	b.loseShard(shard)
+	b.mu.Lock()
+	for _, h := range b.heard {
+		h.known = false // as runLink does on a lost connection
+	}
+	b.mu.Unlock()
+	if n := b.ensureNode(name); n != nil {
+		t.Fatal("a node of a shard given back was started")
+	}
+	b.gainShard(shard)
+	waitUntil(t, "the node started again with its shard", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		n = b.nodes[name]
+		return n != nil
+	})
+	if n.isOnline() {
+		t.Error("a node was started online from a flag heard on a connection since lost")
 	}
 }

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,16 +56,63 @@ type node struct {
 	online bool
 }
 
+// heard is what the bridge last heard of a node on the broker, whether
+// it serves the node or not: every replica receives every node's
+// messages, so a replica that takes over a node starts it from these at
+// once rather than waiting for the broker to send what it retains (a
+// node started as away renews no Lease).
+type heard struct {
+	// online is the node's online flag; known says one was heard on
+	// the current broker connection.
+	online, known bool
+	// status is the node's last Node status envelope, gen its
+	// generation.
+	status []byte
+	gen    uint64
+}
+
+// hear records a node's online flag or Node status (t is its topic),
+// served or not.
+func (b *Bridge) hear(t mqtt.Topic, payload []byte) {
+	var gen uint64
+	if t.Status == "node" {
+		e, err := mqtt.UnmarshalEnvelope(payload)
+		if err != nil || e.Kind != "Node" {
+			return // nodeStatus says what is wrong with it
+		}
+		gen = e.Generation
+	} else if !t.Online {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := b.heard[t.Node]
+	if h == nil {
+		h = &heard{}
+		b.heard[t.Node] = h
+	}
+	if t.Online {
+		h.online, h.known = string(payload) == mqtt.OnlineTrue, true
+	} else if gen >= h.gen {
+		h.status, h.gen = bytes.Clone(payload), gen
+	}
+}
+
 // ensureNode returns the node of name, starting it on first sight, or
-// nil when another replica serves it.
+// nil when another replica serves it. A node started is given what was
+// heard of it (its Node status and online flag) before anyone else can
+// reach it: under b.mu, as hear is, so a message heard later is applied
+// after.
 func (b *Bridge) ensureNode(name string) *node {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n := b.nodes[name]; n != nil {
 		return n
 	}
-	if b.seen != nil {
-		b.seen[name] = true
+	h := b.heard[name]
+	if h == nil {
+		h = &heard{}
+		b.heard[name] = h
 	}
 	if !b.owns(name) {
 		return nil
@@ -75,13 +123,21 @@ func (b *Bridge) ensureNode(name string) *node {
 		return &node{b: b, name: name, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
 	}
 	b.nodes[name] = n
+	if h.status != nil {
+		if err := n.nodeStatus(h.status); err != nil {
+			b.log.Warn("node status heard before; waiting for the next", "node", name, "err", err)
+		}
+	}
+	if h.known {
+		n.setOnline(h.online, false)
+	}
 	ctx, cancel := context.WithCancel(b.run)
 	n.cancel, n.done = cancel, make(chan struct{})
 	b.wg.Go(func() {
 		defer close(n.done)
 		n.runAll(ctx)
 	})
-	b.log.Info("mqtt node", "node", name)
+	b.log.Info("mqtt node", "node", name, "online", h.known && h.online)
 	return n
 }
 
