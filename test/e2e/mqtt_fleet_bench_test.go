@@ -114,7 +114,8 @@ func BenchmarkMQTTFleet(b *testing.B) {
 		b.Logf("  statuses: %d published, %d seen, %d not seen; lag p50 %.0f ms, p99 %.0f ms (target ≤ 2000), max %.0f ms; %d errors",
 			r.Published, r.Seen, r.Pending, r.LagP50, r.LagP99, r.LagMax, r.Errors)
 		b.Logf("  messages from the fleet %.1f/s; API writes %.1f/s", r.MessagesPerSecond, r.APIWritesPerSecond)
-		b.Logf("  bridge: CPU %.1f %% of a core (target ≤ 50), RSS %.1f MiB at the end, %.1f at most (target ≤ 150)", br.CPU*100, br.RSSMiB, br.MaxRSSMiB)
+		b.Logf("  bridge: CPU %.1f %% of a core (target ≤ 50), RSS %.1f MiB at the end, %.1f at most (target ≤ 150; anonymous %.1f, file-backed %.1f)",
+			br.CPU*100, br.RSSMiB, br.MaxRSSMiB, br.AnonMiB, br.FileMiB)
 		b.Logf("  beside it: mosquitto %.1f %%, %.1f MiB; kube-apiserver %.1f %%, %.1f MiB; etcd %.1f %%, %.1f MiB",
 			mq.CPU*100, mq.MaxRSSMiB, ap.CPU*100, ap.MaxRSSMiB, et.CPU*100, et.MaxRSSMiB)
 		if fo != nil {

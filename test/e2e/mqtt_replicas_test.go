@@ -270,8 +270,8 @@ type fleetReport struct {
 	MessagesPerSecond, APIWritesPerSecond         float64
 	LagP50, LagP99, LagMax                        float64
 	Bridges                                       []struct {
-		PID                    int
-		CPU, RSSMiB, MaxRSSMiB float64
+		PID                                      int
+		CPU, RSSMiB, MaxRSSMiB, AnonMiB, FileMiB float64
 	}
 }
 

@@ -92,11 +92,13 @@ type Report struct {
 }
 
 // Usage is a process's CPU over the run, as a share of one core, and
-// its RSS at the end and at most (sampled each second).
+// its RSS at the end and at most (sampled each second), with the
+// anonymous and file-backed parts of the largest sample.
 type Usage struct {
 	PID                 int
 	CPU                 float64
 	RSSMiB, MaxRSSMiB   float64
+	AnonMiB, FileMiB    float64
 	maxRSSKiB           int64
 	startCPU, startTime float64
 }
@@ -649,12 +651,17 @@ func (u *Usage) sample(start bool) {
 	if err != nil {
 		return
 	}
+	kib := map[string]int64{}
 	for _, l := range strings.Split(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kib, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			u.RSSMiB = float64(kib) / 1024
-			u.maxRSSKiB = max(u.maxRSSKiB, kib)
+		name, rest, ok := strings.Cut(l, ":")
+		if ok && (name == "VmRSS" || name == "RssAnon" || name == "RssFile") {
+			kib[name], _ = strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 		}
+	}
+	u.RSSMiB = float64(kib["VmRSS"]) / 1024
+	if kib["VmRSS"] > u.maxRSSKiB {
+		u.maxRSSKiB = kib["VmRSS"]
+		u.AnonMiB, u.FileMiB = float64(kib["RssAnon"])/1024, float64(kib["RssFile"])/1024
 	}
 }
 
