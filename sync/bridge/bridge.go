@@ -232,6 +232,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	b.wg.Go(func() { feed.Run(ctx) })
 	b.wg.Go(func() { services.Run(ctx) })
 	b.wg.Go(func() { b.runLink(ctx) })
+	b.wg.Go(func() { b.unmapStores(ctx, cst) })
 	if b.cfg.Shards > 0 {
 		b.log.Info("bridge replica sharing the fleet", "identity", b.cfg.Identity, "shards", b.cfg.Shards, "namespace", b.cfg.Namespace)
 		sh := newSharder(b)
@@ -248,6 +249,39 @@ func (b *Bridge) Run(ctx context.Context) error {
 		n.st.Close()
 	}
 	return nil
+}
+
+// unmapEvery is how often the bridge unmaps its stores' pages
+// (store.Unmap): a node's store is read through once when the node starts
+// or its pods change, and little between.
+const unmapEvery = 30 * time.Second
+
+// unmapStores unmaps the pages of every store (the nodes' and the
+// cluster's) every unmapEvery until ctx ends, so the bridge's RSS holds
+// what it read lately, not every page of a store per node.
+func (b *Bridge) unmapStores(ctx context.Context, cluster *store.Store) {
+	t := b.deps.Clock.NewTicker(unmapEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		b.mu.Lock()
+		stores := []*store.Store{cluster}
+		for _, n := range b.nodes {
+			if n.st != nil {
+				stores = append(stores, n.st)
+			}
+		}
+		b.mu.Unlock()
+		for _, st := range stores {
+			// A node handed over meanwhile has its store closed: bbolt
+			// says so, and there is nothing to unmap.
+			st.Unmap()
+		}
+	}
 }
 
 // owns reports whether this replica serves node name; b.mu is held.
