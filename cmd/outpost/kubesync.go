@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -73,25 +72,21 @@ func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	return k, nil
 }
 
-// run runs the sync until ctx ends; the returned func waits for it. When
+// run runs the sync until ctx ends and returns after it stopped. When
 // bootstrapping, the sync starts once the node has a certificate (the
 // pods run meanwhile) and the bootstrapper keeps renewing it.
-func (k *kubeSync) run(ctx context.Context) (wait func()) {
-	var wg sync.WaitGroup
+func (k *kubeSync) run(ctx context.Context) {
+	var ps parts
+	defer ps.stop()
 	if k.boot != nil {
-		wg.Go(func() { k.boot.Run(ctx) })
-	}
-	wg.Go(func() {
-		if k.boot != nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-k.boot.Ready():
-			}
+		ps.start(ctx, func(ctx context.Context) { k.boot.Run(ctx) })
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.boot.Ready():
 		}
-		k.Syncer.Run(ctx)
-	})
-	return wg.Wait
+	}
+	k.Syncer.Run(ctx)
 }
 
 // linkInfo adapts the syncer's link state to the agent's status.

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/clock"
@@ -159,12 +158,8 @@ func certCN(tc *tls.Config) string {
 	return leaf.Subject.CommonName
 }
 
-// run runs the sync until ctx ends; the returned func waits for it.
-func (m *mqttSync) run(ctx context.Context) (wait func()) {
-	var wg sync.WaitGroup
-	wg.Go(func() { m.Syncer.Run(ctx) })
-	return wg.Wait
-}
+// run runs the sync until ctx ends and returns after it stopped.
+func (m *mqttSync) run(ctx context.Context) { m.Syncer.Run(ctx) }
 
 // linkInfo adapts the syncer's link state to the agent's status.
 func (m *mqttSync) linkInfo() agent.LinkInfo {
