@@ -121,9 +121,9 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
 	switch {
 	case ksync != nil:
-		deps.Link = ksync.linkInfo
+		deps.Link = ksync.link
 	case msync != nil:
-		deps.Link = msync.linkInfo
+		deps.Link = msync.Link
 	}
 	var images *imageDir
 	var px *proxy.Proxy // nil with --record-only
@@ -181,14 +181,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		deps.Pods.Network = nw
-		deps.Proxy = func() agent.ProxyInfo {
-			st := px.Stats()
-			return agent.ProxyInfo{
-				Syncs: st.Syncs, Failures: st.Failures, Last: st.Last, LastDuration: st.LastDuration,
-				LastOps: st.LastOps, LastError: st.LastError,
-				Services: st.Services, Chains: st.Chains, Rules: st.Rules, Elements: st.Elements,
-			}
-		}
+		deps.Proxy = px.Stats
 		// The proxy starts before the pods, so the rules are in place
 		// before any network is needed.
 		ps.start(ctx, px.Run)

@@ -16,6 +16,7 @@ import (
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
 )
@@ -89,15 +90,16 @@ func (k *kubeSync) run(ctx context.Context) {
 	k.Syncer.Run(ctx)
 }
 
-// linkInfo adapts the syncer's link state to the agent's status.
-func (k *kubeSync) linkInfo() agent.LinkInfo {
+// link is the syncer's link state with the static pods that have no
+// mirror pod and, when bootstrapping, the client certificate.
+func (k *kubeSync) link() report.Link {
 	l := k.Link()
-	info := agent.LinkInfo{Server: l.Server, Connected: l.Connected, Since: l.Since, LastLease: l.LastLease, LastError: l.LastError, LastErrorAt: l.LastErrorAt, MirrorErrors: k.MirrorErrors()}
+	l.MirrorErrors = k.MirrorErrors()
 	if k.boot != nil {
 		c := k.boot.State()
-		info.Certificate = &agent.CertInfo{Phase: string(c.Phase), Usable: c.Usable, Subject: c.Subject, NotAfter: c.NotAfter, RenewAt: c.RenewAt, CSR: c.CSR, Reason: c.Reason, Since: c.Since}
+		l.Certificate = &c
 	}
-	return info
+	return l
 }
 
 // nodeFacts gathers what the Node's status says from the agent, the

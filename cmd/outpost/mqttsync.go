@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/store"
@@ -160,12 +159,3 @@ func certCN(tc *tls.Config) string {
 
 // run runs the sync until ctx ends and returns after it stopped.
 func (m *mqttSync) run(ctx context.Context) { m.Syncer.Run(ctx) }
-
-// linkInfo adapts the syncer's link state to the agent's status.
-func (m *mqttSync) linkInfo() agent.LinkInfo {
-	l := m.Link()
-	return agent.LinkInfo{
-		Transport: "mqtt", Server: l.Broker, Connected: l.Connected, Since: l.Since,
-		LastPublish: l.LastPublish, LastError: l.LastError, LastErrorAt: l.LastErrorAt,
-	}
-}
