@@ -119,11 +119,12 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
+	var tokens volume.TokenFunc // the pods' service account tokens
 	switch {
 	case ksync != nil:
-		deps.Link = ksync.link
+		deps.Link, tokens = ksync.link, ksync.PodToken
 	case msync != nil:
-		deps.Link = msync.Link
+		deps.Link, tokens = msync.Link, msync.PodToken
 	}
 	var images *imageDir
 	var px *proxy.Proxy // nil with --record-only
@@ -137,43 +138,8 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		// imported before the first pod runs, and later ones as they come.
 		images = newImageDir(cfg.ImageDir, rt, log)
 		images.importAll(ctx)
-		vdeps := volume.Deps{Store: st, Clock: clk, Log: log}
-		switch {
-		case ksync != nil:
-			vdeps.Tokens = ksync.PodToken
-		case msync != nil:
-			vdeps.Tokens = msync.PodToken
-		}
-		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, vdeps)
-		if err != nil {
+		if deps.Pods, err = newPodDeps(cfg, st, clk, log, rt, acfg.Pods, tokens); err != nil {
 			return err
-		}
-		sources := podenv.StoreSources(st)
-		sources.HostIP = acfg.Pods.HostIP
-		// The downward API's limits.cpu and limits.memory of a container
-		// that sets none are the node's allocatable, as with kubelet.
-		alloc := agent.NodeStatus(agent.NodeConfig{MaxPods: cfg.Node.MaxPods, StorageDir: cfg.StateDir}, agent.NodeDeps{Clock: clk}).Allocatable
-		sources.NodeAllocatable = alloc
-		deps.Pods = agent.PodDeps{
-			Runtime: rt,
-			Cgroups: cgroups.Tree{Parent: cfg.Containerd.CgroupParent},
-			Env: func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error) {
-				s := sources
-				s.PodIP = podIP
-				return podenv.Env(pod, c, s)
-			},
-			Volumes: func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error) {
-				vs, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP, NodeAllocatable: alloc})
-				if err != nil {
-					return nil, err
-				}
-				return volume.Mounts(pod, c, vs)
-			},
-			RefreshVolumes: func(ctx context.Context, pod *corev1.Pod, podIP string) error {
-				_, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP, NodeAllocatable: alloc})
-				return err
-			},
-			TeardownVolumes: vols.Teardown,
 		}
 		var nw agent.PodNetwork
 		nw, px, err = newPodNetwork(ctx, cfg, st, acfg.Pods.HostIP, &running, log)
@@ -231,6 +197,46 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	// The pods run in this goroutine; once they stop, the parts above
 	// stop in reverse order.
 	return a.Run(ctx)
+}
+
+// newPodDeps returns what the agent's pods run on, but their network:
+// the runtime, the cgroup tree, the containers' environment and their
+// volumes, with service account tokens from tokens (nil: none).
+func newPodDeps(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.Logger, rt *ctrd.Runtime, pods agent.PodConfig, tokens volume.TokenFunc) (agent.PodDeps, error) {
+	vols, err := volume.New(volume.Config{PodsDir: pods.PodsDir}, volume.Deps{Store: st, Clock: clk, Log: log, Tokens: tokens})
+	if err != nil {
+		return agent.PodDeps{}, err
+	}
+	sources := podenv.StoreSources(st)
+	sources.HostIP = pods.HostIP
+	// The downward API's limits.cpu and limits.memory of a container
+	// that sets none are the node's allocatable, as with kubelet.
+	alloc := agent.NodeStatus(agent.NodeConfig{MaxPods: cfg.Node.MaxPods, StorageDir: cfg.StateDir}, agent.NodeDeps{Clock: clk}).Allocatable
+	sources.NodeAllocatable = alloc
+	podInfo := func(podIP string) volume.PodInfo {
+		return volume.PodInfo{PodIP: podIP, HostIP: pods.HostIP, NodeAllocatable: alloc}
+	}
+	return agent.PodDeps{
+		Runtime: rt,
+		Cgroups: cgroups.Tree{Parent: cfg.Containerd.CgroupParent},
+		Env: func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error) {
+			s := sources
+			s.PodIP = podIP
+			return podenv.Env(pod, c, s)
+		},
+		Volumes: func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error) {
+			vs, err := vols.Setup(ctx, pod, podInfo(podIP))
+			if err != nil {
+				return nil, err
+			}
+			return volume.Mounts(pod, c, vs)
+		},
+		RefreshVolumes: func(ctx context.Context, pod *corev1.Pod, podIP string) error {
+			_, err := vols.Setup(ctx, pod, podInfo(podIP))
+			return err
+		},
+		TeardownVolumes: vols.Teardown,
+	}, nil
 }
 
 // notifyServiceManager tells systemd (a Type=notify unit) that the agent
