@@ -24,6 +24,7 @@ import (
 	"github.com/outpost-edge/outpost/agent/staticpods"
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -55,12 +56,12 @@ type Deps struct {
 	// BoardHealth reads the board's sensors for status; nil shows what
 	// Config.Board had at start.
 	BoardHealth func() arm.Readings
-	// Link reports the API server connection for status; nil when the
-	// agent runs standalone.
-	Link func() LinkInfo
+	// Link reports the API server or MQTT broker connection for status;
+	// nil when the agent runs standalone.
+	Link func() report.Link
 	// Proxy reports the service proxy's syncs for status; nil when there
 	// is none.
-	Proxy func() ProxyInfo
+	Proxy func() report.Proxy
 }
 
 // Agent owns the node's desired-state loop.

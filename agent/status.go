@@ -12,6 +12,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent/staticpods"
 	"github.com/outpost-edge/outpost/arm"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -75,73 +76,12 @@ type AgentInfo struct {
 	Started        time.Time `json:"started"`
 	LastSync       time.Time `json:"lastManifestSync,omitzero"`
 	ManifestErrors []string  `json:"manifestErrors,omitempty"`
-	// Link is the API server connection; absent when standalone.
-	Link *LinkInfo `json:"link,omitempty"`
+	// Link is the API server or MQTT broker connection; absent when
+	// standalone.
+	Link *report.Link `json:"link,omitempty"`
 	// Proxy is the service proxy's last sync; absent when the agent runs
 	// no pods.
-	Proxy *ProxyInfo `json:"proxy,omitempty"`
-}
-
-// ProxyInfo is what the service proxy's syncs did.
-type ProxyInfo struct {
-	// Syncs and Failures count the syncs since start.
-	Syncs    int `json:"syncs"`
-	Failures int `json:"failures"`
-	// Last is when the last sync ended, LastDuration how long it took,
-	// LastOps the nftables operations it applied, LastError its error.
-	Last         time.Time     `json:"last,omitzero"`
-	LastDuration time.Duration `json:"lastDuration"`
-	LastOps      int           `json:"lastOps"`
-	LastError    string        `json:"lastError,omitempty"`
-	// Services is the number of service ports programmed; Chains, Rules
-	// and Elements count the outpost table.
-	Services int `json:"services"`
-	Chains   int `json:"chains"`
-	Rules    int `json:"rules"`
-	Elements int `json:"elements"`
-}
-
-// LinkInfo is the state of the connection to the API server.
-type LinkInfo struct {
-	// Transport is "mqtt" for a node synced through an MQTT broker,
-	// empty for the API server.
-	Transport string `json:"transport,omitempty"`
-	// Server is the API server's URL, or the MQTT broker's.
-	Server string `json:"server"`
-	// Connected reports whether the last Lease renewal succeeded (for
-	// MQTT: whether the broker connection is up).
-	Connected bool `json:"connected"`
-	// Since is when Connected last changed.
-	Since time.Time `json:"since"`
-	// LastLease is when the Lease was last renewed.
-	LastLease time.Time `json:"lastLease,omitzero"`
-	// LastPublish is when the MQTT broker last acknowledged a status.
-	LastPublish time.Time `json:"lastPublish,omitzero"`
-	// LastError is the newest failed request, and when it failed.
-	LastError   string    `json:"lastError,omitempty"`
-	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
-	// MirrorErrors names the static pods that have no mirror pod in the
-	// API, and why.
-	MirrorErrors []string `json:"mirrorErrors,omitempty"`
-	// Certificate is the node's client certificate when bootstrapping.
-	Certificate *CertInfo `json:"certificate,omitempty"`
-}
-
-// CertInfo is the state of the node's bootstrapped client certificate.
-type CertInfo struct {
-	// Phase is valid, requesting, denied or failing.
-	Phase string `json:"phase"`
-	// Usable reports whether the node has a certificate it can use now.
-	Usable bool `json:"usable"`
-	// Subject, NotAfter and RenewAt describe the current certificate.
-	Subject  string    `json:"subject,omitempty"`
-	NotAfter time.Time `json:"notAfter,omitzero"`
-	RenewAt  time.Time `json:"renewAt,omitzero"`
-	// CSR names the request in flight; Reason says why it waits or failed.
-	CSR    string `json:"csr,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	// Since is when Phase last changed.
-	Since time.Time `json:"since"`
+	Proxy *report.Proxy `json:"proxy,omitempty"`
 }
 
 // ReadStatus reads a Status from the store alone.

@@ -73,11 +73,16 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
+	// The agent's parts start in the order below and stop in reverse,
+	// also when one fails to start: the store closes last, after
+	// everything that uses it.
+	var ps parts
+	defer ps.stop()
 	st, err := store.Open(cfg.StorePath(), store.Options{NodeName: cfg.NodeName})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	ps.onStop(func() { st.Close() })
 	board := arm.Read("/")
 	clk := clock.Real{}
 	// The agent and the runtime are made below; the Node's facts are
@@ -114,11 +119,12 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
+	var tokens volume.TokenFunc // the pods' service account tokens
 	switch {
 	case ksync != nil:
-		deps.Link = ksync.linkInfo
+		deps.Link, tokens = ksync.link, ksync.PodToken
 	case msync != nil:
-		deps.Link = msync.linkInfo
+		deps.Link, tokens = msync.Link, msync.PodToken
 	}
 	var images *imageDir
 	var px *proxy.Proxy // nil with --record-only
@@ -127,48 +133,13 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer rt.Close()
+		ps.onStop(func() { rt.Close() })
 		// Pods start with no registry in reach: their images are
 		// imported before the first pod runs, and later ones as they come.
 		images = newImageDir(cfg.ImageDir, rt, log)
 		images.importAll(ctx)
-		vdeps := volume.Deps{Store: st, Clock: clk, Log: log}
-		switch {
-		case ksync != nil:
-			vdeps.Tokens = ksync.PodToken
-		case msync != nil:
-			vdeps.Tokens = msync.PodToken
-		}
-		vols, err := volume.New(volume.Config{PodsDir: acfg.Pods.PodsDir}, vdeps)
-		if err != nil {
+		if deps.Pods, err = newPodDeps(cfg, st, clk, log, rt, acfg.Pods, tokens); err != nil {
 			return err
-		}
-		sources := podenv.StoreSources(st)
-		sources.HostIP = acfg.Pods.HostIP
-		// The downward API's limits.cpu and limits.memory of a container
-		// that sets none are the node's allocatable, as with kubelet.
-		alloc := agent.NodeStatus(agent.NodeConfig{MaxPods: cfg.Node.MaxPods, StorageDir: cfg.StateDir}, agent.NodeDeps{Clock: clk}).Allocatable
-		sources.NodeAllocatable = alloc
-		deps.Pods = agent.PodDeps{
-			Runtime: rt,
-			Cgroups: cgroups.Tree{Parent: cfg.Containerd.CgroupParent},
-			Env: func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error) {
-				s := sources
-				s.PodIP = podIP
-				return podenv.Env(pod, c, s)
-			},
-			Volumes: func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error) {
-				vs, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP, NodeAllocatable: alloc})
-				if err != nil {
-					return nil, err
-				}
-				return volume.Mounts(pod, c, vs)
-			},
-			RefreshVolumes: func(ctx context.Context, pod *corev1.Pod, podIP string) error {
-				_, err := vols.Setup(ctx, pod, volume.PodInfo{PodIP: podIP, HostIP: acfg.Pods.HostIP, NodeAllocatable: alloc})
-				return err
-			},
-			TeardownVolumes: vols.Teardown,
 		}
 		var nw agent.PodNetwork
 		nw, px, err = newPodNetwork(ctx, cfg, st, acfg.Pods.HostIP, &running, log)
@@ -176,20 +147,10 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		deps.Pods.Network = nw
-		deps.Proxy = func() agent.ProxyInfo {
-			st := px.Stats()
-			return agent.ProxyInfo{
-				Syncs: st.Syncs, Failures: st.Failures, Last: st.Last, LastDuration: st.LastDuration,
-				LastOps: st.LastOps, LastError: st.LastError,
-				Services: st.Services, Chains: st.Chains, Rules: st.Rules, Elements: st.Elements,
-			}
-		}
+		deps.Proxy = px.Stats
 		// The proxy starts before the pods, so the rules are in place
 		// before any network is needed.
-		loopCtx, stopLoop := context.WithCancel(ctx)
-		loopDone := make(chan struct{})
-		go func() { px.Run(loopCtx); close(loopDone) }()
-		defer func() { stopLoop(); <-loopDone }()
+		ps.start(ctx, px.Run)
 	}
 	a, err = agent.New(acfg, deps)
 	if err != nil {
@@ -204,55 +165,78 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if ksync != nil {
 		a.OnEvent(func(p *corev1.Pod, e agent.Event) { ksync.Event(p, e.Type, e.Reason, e.Message, e.Time) })
-		kctx, stopKube := context.WithCancel(ctx)
-		wait := ksync.run(kctx)
-		defer func() { stopKube(); wait() }()
+		ps.start(ctx, ksync.run)
 	}
 	if msync != nil {
 		a.OnEvent(func(p *corev1.Pod, e agent.Event) { msync.Event(p, e.Type, e.Reason, e.Message, e.Time) })
-		mctx, stopMQTT := context.WithCancel(ctx)
-		wait := msync.run(mctx)
-		defer func() { stopMQTT(); wait() }()
+		ps.start(ctx, msync.run)
 	}
 	api, err := newKubeletAPI(cfg, a, ksync, acfg.Pods.HostIP, metricsWriter(a, st, ksync, msync, px, deps.BoardHealth), stats.New(stats.Options{NodeName: cfg.NodeName, CgroupParent: cfg.Containerd.CgroupParent, Clock: clk}), clk, log)
 	if err != nil {
 		return err
 	}
 	if api != nil {
-		apiCtx, stopAPI := context.WithCancel(ctx)
-		apiDone := make(chan struct{})
-		go func() {
-			defer close(apiDone)
+		ps.start(ctx, func(ctx context.Context) {
 			// The pods keep running without the API: a port in use is
 			// logged, not fatal.
-			if err := api.Run(apiCtx); err != nil {
+			if err := api.Run(ctx); err != nil {
 				log.Error("kubelet api stopped", "err", err)
 			}
-		}()
-		defer func() { stopAPI(); <-apiDone }()
+		})
 	}
 	if images != nil {
 		images.onImport = a.WakePods
-		watchCtx, stopWatch := context.WithCancel(ctx)
-		watchDone := make(chan struct{})
-		go func() { images.watch(watchCtx, clk, imagePollInterval); close(watchDone) }()
-		defer func() { stopWatch(); <-watchDone }()
+		ps.start(ctx, func(ctx context.Context) { images.watch(ctx, clk, imagePollInterval) })
 	}
 	// What starting the agent and its pods touched and idling does not
 	// use goes back to the kernel once the pods have been quiet a while.
 	podChanges, unsubscribe := st.Subscribe(store.KindPod)
-	defer unsubscribe()
-	trimCtx, stopTrim := context.WithCancel(ctx)
-	trimDone := make(chan struct{})
-	go func() { memtrim.Run(trimCtx, podChanges, clk, trimQuiet, log); close(trimDone) }()
-	defer func() { stopTrim(); <-trimDone }()
-	nctx, stopNotify := context.WithCancel(ctx)
-	notifyDone := make(chan struct{})
-	go func() { notifyServiceManager(nctx, a, clk, log); close(notifyDone) }()
-	err = a.Run(ctx)
-	stopNotify()
-	<-notifyDone
-	return err
+	ps.onStop(unsubscribe)
+	ps.start(ctx, func(ctx context.Context) { memtrim.Run(ctx, podChanges, clk, trimQuiet, log) })
+	ps.start(ctx, func(ctx context.Context) { notifyServiceManager(ctx, a, clk, log) })
+	// The pods run in this goroutine; once they stop, the parts above
+	// stop in reverse order.
+	return a.Run(ctx)
+}
+
+// newPodDeps returns what the agent's pods run on, but their network:
+// the runtime, the cgroup tree, the containers' environment and their
+// volumes, with service account tokens from tokens (nil: none).
+func newPodDeps(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.Logger, rt *ctrd.Runtime, pods agent.PodConfig, tokens volume.TokenFunc) (agent.PodDeps, error) {
+	vols, err := volume.New(volume.Config{PodsDir: pods.PodsDir}, volume.Deps{Store: st, Clock: clk, Log: log, Tokens: tokens})
+	if err != nil {
+		return agent.PodDeps{}, err
+	}
+	sources := podenv.StoreSources(st)
+	sources.HostIP = pods.HostIP
+	// The downward API's limits.cpu and limits.memory of a container
+	// that sets none are the node's allocatable, as with kubelet.
+	alloc := agent.NodeStatus(agent.NodeConfig{MaxPods: cfg.Node.MaxPods, StorageDir: cfg.StateDir}, agent.NodeDeps{Clock: clk}).Allocatable
+	sources.NodeAllocatable = alloc
+	podInfo := func(podIP string) volume.PodInfo {
+		return volume.PodInfo{PodIP: podIP, HostIP: pods.HostIP, NodeAllocatable: alloc}
+	}
+	return agent.PodDeps{
+		Runtime: rt,
+		Cgroups: cgroups.Tree{Parent: cfg.Containerd.CgroupParent},
+		Env: func(pod *corev1.Pod, c *corev1.Container, podIP string) ([]string, error) {
+			s := sources
+			s.PodIP = podIP
+			return podenv.Env(pod, c, s)
+		},
+		Volumes: func(ctx context.Context, pod *corev1.Pod, c *corev1.Container, podIP string) ([]specs.Mount, error) {
+			vs, err := vols.Setup(ctx, pod, podInfo(podIP))
+			if err != nil {
+				return nil, err
+			}
+			return volume.Mounts(pod, c, vs)
+		},
+		RefreshVolumes: func(ctx context.Context, pod *corev1.Pod, podIP string) error {
+			_, err := vols.Setup(ctx, pod, podInfo(podIP))
+			return err
+		},
+		TeardownVolumes: vols.Teardown,
+	}, nil
 }
 
 // notifyServiceManager tells systemd (a Type=notify unit) that the agent

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/agent/server"
@@ -91,25 +90,21 @@ func newKubeletAPI(cfg config.Config, a *agent.Agent, ks *kubeSync, hostIP strin
 // renews the serving certificate meanwhile, once the node has a client
 // certificate, and returns after that has stopped too.
 func (k *kubeletAPI) Run(ctx context.Context) error {
-	if k.certs == nil {
-		return k.srv.Run(ctx)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if k.clientReady != nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-k.clientReady:
+	var ps parts
+	defer ps.stop()
+	if k.certs != nil {
+		ps.start(ctx, func(ctx context.Context) {
+			if k.clientReady != nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-k.clientReady:
+				}
 			}
-		}
-		k.certs.Run(ctx)
-	})
-	err := k.srv.Run(ctx)
-	cancel()
-	wg.Wait()
-	return err
+			k.certs.Run(ctx)
+		})
+	}
+	return k.srv.Run(ctx)
 }
 
 // reviewer asks the API server for the kubelet API's token reviews and

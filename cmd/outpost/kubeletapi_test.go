@@ -14,6 +14,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/sync/kube"
 )
 
@@ -78,7 +79,7 @@ func TestKubeletAPITLSBootstrap(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- api.Run(ctx) }()
-			for deadline := time.Now().Add(20 * time.Second); api.certs.State().Phase != kube.CertFailing; {
+			for deadline := time.Now().Add(20 * time.Second); api.certs.State().Phase != report.CertFailing; {
 				if time.Now().After(deadline) {
 					t.Fatalf("no request made: state %+v", api.certs.State())
 				}

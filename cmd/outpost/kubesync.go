@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +16,7 @@ import (
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
 )
@@ -73,36 +73,33 @@ func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	return k, nil
 }
 
-// run runs the sync until ctx ends; the returned func waits for it. When
+// run runs the sync until ctx ends and returns after it stopped. When
 // bootstrapping, the sync starts once the node has a certificate (the
 // pods run meanwhile) and the bootstrapper keeps renewing it.
-func (k *kubeSync) run(ctx context.Context) (wait func()) {
-	var wg sync.WaitGroup
+func (k *kubeSync) run(ctx context.Context) {
+	var ps parts
+	defer ps.stop()
 	if k.boot != nil {
-		wg.Go(func() { k.boot.Run(ctx) })
-	}
-	wg.Go(func() {
-		if k.boot != nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-k.boot.Ready():
-			}
+		ps.start(ctx, func(ctx context.Context) { k.boot.Run(ctx) })
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.boot.Ready():
 		}
-		k.Syncer.Run(ctx)
-	})
-	return wg.Wait
+	}
+	k.Syncer.Run(ctx)
 }
 
-// linkInfo adapts the syncer's link state to the agent's status.
-func (k *kubeSync) linkInfo() agent.LinkInfo {
+// link is the syncer's link state with the static pods that have no
+// mirror pod and, when bootstrapping, the client certificate.
+func (k *kubeSync) link() report.Link {
 	l := k.Link()
-	info := agent.LinkInfo{Server: l.Server, Connected: l.Connected, Since: l.Since, LastLease: l.LastLease, LastError: l.LastError, LastErrorAt: l.LastErrorAt, MirrorErrors: k.MirrorErrors()}
+	l.MirrorErrors = k.MirrorErrors()
 	if k.boot != nil {
 		c := k.boot.State()
-		info.Certificate = &agent.CertInfo{Phase: string(c.Phase), Usable: c.Usable, Subject: c.Subject, NotAfter: c.NotAfter, RenewAt: c.RenewAt, CSR: c.CSR, Reason: c.Reason, Since: c.Since}
+		l.Certificate = &c
 	}
-	return info
+	return l
 }
 
 // nodeFacts gathers what the Node's status says from the agent, the

@@ -13,8 +13,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/arm"
+	"github.com/outpost-edge/outpost/internal/report"
 )
 
 // A kubeconfig the agent cannot use stops it with exit status 2 before it
@@ -67,16 +67,16 @@ func TestStatusLinkLine(t *testing.T) {
 	since := now.Add(-time.Hour)
 	tests := []struct {
 		name    string
-		link    *agent.LinkInfo
+		link    *report.Link
 		backlog int
 		want    string
 	}{
 		{"standalone", nil, 0, "standalone (no kubeconfig, no mqtt)"},
-		{"connected", &agent.LinkInfo{Server: "https://api:6443", Connected: true, Since: since, LastLease: now.Add(-3 * time.Second)}, 0,
+		{"connected", &report.Link{Server: "https://api:6443", Connected: true, Since: since, LastLease: now.Add(-3 * time.Second)}, 0,
 			"connected to https://api:6443 since 2026-11-30T11:00:00Z, lease renewed 3s ago"},
-		{"offline", &agent.LinkInfo{Server: "https://api:6443", Since: since, LastLease: since, LastError: "dial tcp: connection refused", LastErrorAt: now.Add(-2 * time.Second)}, 7,
+		{"offline", &report.Link{Server: "https://api:6443", Since: since, LastLease: since, LastError: "dial tcp: connection refused", LastErrorAt: now.Add(-2 * time.Second)}, 7,
 			"https://api:6443 offline since 2026-11-30T11:00:00Z, lease renewed 1h0m0s ago, 7 statuses to send; last error 2s ago: dial tcp: connection refused"},
-		{"old error hidden once connected", &agent.LinkInfo{Server: "s", Connected: true, Since: since, LastError: "old", LastErrorAt: since.Add(-time.Minute)}, 0,
+		{"old error hidden once connected", &report.Link{Server: "s", Connected: true, Since: since, LastError: "old", LastErrorAt: since.Add(-time.Minute)}, 0,
 			"connected to s since 2026-11-30T11:00:00Z"},
 	}
 	for _, tt := range tests {

@@ -10,9 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
-	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/store"
@@ -159,18 +157,5 @@ func certCN(tc *tls.Config) string {
 	return leaf.Subject.CommonName
 }
 
-// run runs the sync until ctx ends; the returned func waits for it.
-func (m *mqttSync) run(ctx context.Context) (wait func()) {
-	var wg sync.WaitGroup
-	wg.Go(func() { m.Syncer.Run(ctx) })
-	return wg.Wait
-}
-
-// linkInfo adapts the syncer's link state to the agent's status.
-func (m *mqttSync) linkInfo() agent.LinkInfo {
-	l := m.Link()
-	return agent.LinkInfo{
-		Transport: "mqtt", Server: l.Broker, Connected: l.Connected, Since: l.Since,
-		LastPublish: l.LastPublish, LastError: l.LastError, LastErrorAt: l.LastErrorAt,
-	}
-}
+// run runs the sync until ctx ends and returns after it stopped.
+func (m *mqttSync) run(ctx context.Context) { m.Syncer.Run(ctx) }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/arm"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -353,7 +354,7 @@ func printContainers(w io.Writer, st *corev1.PodStatus) {
 
 // linkLine says whether the agent reaches the API server, since when, when
 // it last renewed its Lease and what last failed.
-func linkLine(l *agent.LinkInfo, backlog int, now time.Time) string {
+func linkLine(l *report.Link, backlog int, now time.Time) string {
 	if l == nil {
 		return "standalone (no kubeconfig, no mqtt)"
 	}
@@ -385,7 +386,7 @@ func linkLine(l *agent.LinkInfo, backlog int, now time.Time) string {
 
 // proxyLine says what the service proxy programmed and how its last sync
 // went.
-func proxyLine(p *agent.ProxyInfo, now time.Time) string {
+func proxyLine(p *report.Proxy, now time.Time) string {
 	if p.Syncs == 0 {
 		return "not synced yet"
 	}
@@ -398,15 +399,15 @@ func proxyLine(p *agent.ProxyInfo, now time.Time) string {
 }
 
 // certLine describes the node's bootstrapped client certificate.
-func certLine(c *agent.CertInfo) string {
-	line := c.Phase
+func certLine(c *report.Cert) string {
+	line := string(c.Phase)
 	if c.Subject != "" {
 		line += ", " + c.Subject
 	}
 	if !c.NotAfter.IsZero() {
 		line += ", valid until " + c.NotAfter.Format(time.RFC3339)
 	}
-	if !c.RenewAt.IsZero() && c.Phase == "valid" {
+	if !c.RenewAt.IsZero() && c.Phase == report.CertValid {
 		line += ", renewed from " + c.RenewAt.Format(time.RFC3339)
 	}
 	if c.CSR != "" {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/arm"
+	"github.com/outpost-edge/outpost/internal/report"
 )
 
 // An invalid pod shows as Failed in the table, and with its reason and the
@@ -89,7 +90,7 @@ func TestStatusBoardLine(t *testing.T) {
 // went; the services table shows cluster IPs and node ports.
 func TestStatusProxyLineAndServices(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	ok := &agent.ProxyInfo{Syncs: 3, Last: now.Add(-2 * time.Second), LastDuration: 1234567 * time.Nanosecond, Services: 2, Chains: 9, Rules: 14, Elements: 3}
+	ok := &report.Proxy{Syncs: 3, Last: now.Add(-2 * time.Second), LastDuration: 1234567 * time.Nanosecond, Services: 2, Chains: 9, Rules: 14, Elements: 3}
 	if got, want := proxyLine(ok, now), "2 service ports: 9 chains, 14 rules, 3 map elements; synced 2s ago in 1.23ms"; got != want {
 		t.Errorf("proxyLine = %q, want %q", got, want)
 	}
@@ -98,7 +99,7 @@ func TestStatusProxyLineAndServices(t *testing.T) {
 	if got := proxyLine(&failed, now); !strings.HasSuffix(got, "; last sync failed 2s ago: sync table outpost: apply: no such file or directory") {
 		t.Errorf("proxyLine = %q, want the error", got)
 	}
-	if got := proxyLine(&agent.ProxyInfo{}, now); got != "not synced yet" {
+	if got := proxyLine(&report.Proxy{}, now); got != "not synced yet" {
 		t.Errorf("proxyLine before a sync = %q", got)
 	}
 	var out bytes.Buffer

@@ -27,6 +27,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/memtrim"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/store"
@@ -81,22 +82,6 @@ type Deps struct {
 	Log   *slog.Logger
 }
 
-// Stats is what the last sync did, for status and metrics.
-type Stats struct {
-	// Syncs and Failures count applies since start.
-	Syncs, Failures int
-	// Last is when the last sync ended; LastDuration how long it took;
-	// LastOps how many nftables operations it applied; LastError is its
-	// error, empty on success.
-	Last         time.Time
-	LastDuration time.Duration
-	LastOps      int
-	LastError    string
-	// Services is the number of service ports programmed; Chains, Rules
-	// and Elements count the table's contents.
-	Services, Chains, Rules, Elements int
-}
-
 // bigSync is the Tx size (ops) past which a sync hands the memory it used
 // back to the system at once (memtrim.Trim: the heap's free pages, and the
 // pages of the executable and of the store's file it mapped). A cold sync
@@ -128,7 +113,7 @@ type Proxy struct {
 	readMany  bool // this sync read bigRead Services or more
 
 	mu     sync.Mutex
-	stats  Stats
+	stats  report.Proxy
 	counts syncCounts // by kind and result, for metrics
 	// usable remembers each UDP service port's usable endpoints as last
 	// applied, to find the flows to delete; nil before the first sync,
@@ -172,8 +157,8 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	}, nil
 }
 
-// Stats returns what the syncs did so far.
-func (p *Proxy) Stats() Stats {
+// Stats returns what the syncs did so far, for status and metrics.
+func (p *Proxy) Stats() report.Proxy {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stats

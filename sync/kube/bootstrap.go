@@ -36,6 +36,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/atomicfile"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/report"
 )
 
 // Client certificate bootstrap and rotation, as kubelet's
@@ -107,46 +108,6 @@ type BootstrapDeps struct {
 	// Jitter returns a number in [0, 1) that places a renewal deadline
 	// between 70 and 90 % of the certificate's lifetime; default random.
 	Jitter func() float64
-}
-
-// CertPhase is where one of the node's certificates (the client
-// certificate of a Bootstrapper, the serving certificate of a
-// ServingCerts) stands.
-type CertPhase string
-
-const (
-	// CertValid: a certificate is in use and not yet due for renewal.
-	CertValid CertPhase = "valid"
-	// CertRequesting: a certificate is being requested (see CSR), for the
-	// first time or as a renewal.
-	CertRequesting CertPhase = "requesting"
-	// CertDenied: the request was denied or its signing failed; it is
-	// checked again with backoff, and a new one is made once it is gone.
-	CertDenied CertPhase = "denied"
-	// CertFailing: the request could not be made or followed (the API
-	// server is unreachable or refuses the credential); retried with
-	// backoff.
-	CertFailing CertPhase = "failing"
-)
-
-// CertState is one of the node's certificates, for `outpost status`.
-type CertState struct {
-	Phase CertPhase `json:"phase"`
-	// Usable reports whether a certificate that has not expired is in
-	// use. When it is false for the client certificate the API server
-	// sync cannot work; for the serving certificate the kubelet API
-	// serves its self-signed one.
-	Usable bool `json:"usable"`
-	// Subject, NotAfter and RenewAt describe the certificate in use.
-	Subject  string    `json:"subject,omitempty"`
-	NotAfter time.Time `json:"notAfter,omitzero"`
-	RenewAt  time.Time `json:"renewAt,omitzero"`
-	// CSR names the newest certificate signing request.
-	CSR string `json:"csr,omitempty"`
-	// Reason says what the phase waits for or why it failed.
-	Reason string `json:"reason,omitempty"`
-	// Since is when Phase or Reason last changed.
-	Since time.Time `json:"since"`
 }
 
 // Bootstrapper obtains and renews the node's client certificate. Its
@@ -226,7 +187,7 @@ func NewBootstrapper(cfg BootstrapConfig, deps BootstrapDeps) (*Bootstrapper, er
 	if cert != nil {
 		b.use(cert, "")
 	} else {
-		b.setState(CertRequesting, why+"; requesting a certificate with bootstrap kubeconfig "+cfg.BootstrapKubeconfig, "")
+		b.setState(report.CertRequesting, why+"; requesting a certificate with bootstrap kubeconfig "+cfg.BootstrapKubeconfig, "")
 	}
 	return b, nil
 }
@@ -288,7 +249,7 @@ func (b *Bootstrapper) request(ctx context.Context) error {
 		return err
 	}
 	certPEM, err := waitCSR(ctx, client.Certificates, b.clock, csr, func(reason string) {
-		b.setState(CertRequesting, reason, csr.Name)
+		b.setState(report.CertRequesting, reason, csr.Name)
 	})
 	if err != nil {
 		return err

@@ -33,6 +33,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -67,7 +68,7 @@ func TestBootstrapValidCertMakesNoCSR(t *testing.T) {
 		t.Fatal("not ready with a valid certificate in the kubeconfig")
 	}
 	st := b.State()
-	if st.Phase != CertValid || !st.Usable || st.Subject != "CN=system:node:n1,O=system:nodes" {
+	if st.Phase != report.CertValid || !st.Usable || st.Subject != "CN=system:node:n1,O=system:nodes" {
 		t.Errorf("state %+v", st)
 	}
 	if want := ndEpoch.Add(-time.Hour).Add(80 * time.Hour); !st.RenewAt.Equal(want) {
@@ -122,7 +123,7 @@ func TestBootstrapWithoutValidCert(t *testing.T) {
 			dir := t.TempDir()
 			kc := tt.kubeconfig(t, f, dir)
 			b, _ := f.bootstrapper(t, dir, kc, clk)
-			if st := b.State(); st.Phase != CertRequesting || st.Usable {
+			if st := b.State(); st.Phase != report.CertRequesting || st.Usable {
 				t.Errorf("state before Run %+v", st)
 			}
 			runUntilDone(t, b.Run)
@@ -145,7 +146,7 @@ func TestBootstrapWithoutValidCert(t *testing.T) {
 			}
 			issued := f.issued(csrs[0].Name)
 			bsCheckFiles(t, dir, kc, issued)
-			if st := b.State(); st.Phase != CertValid || !st.Usable || !st.NotAfter.Equal(issued.NotAfter) || st.CSR != csrs[0].Name {
+			if st := b.State(); st.Phase != report.CertValid || !st.Usable || !st.NotAfter.Equal(issued.NotAfter) || st.CSR != csrs[0].Name {
 				t.Errorf("state %+v", st)
 			}
 		})
@@ -192,7 +193,7 @@ func TestBootstrapRenewsAtDeadline(t *testing.T) {
 		t.Errorf("certificate %s presented after renewal, want the new one %s", got, want)
 	}
 	bsCheckFiles(t, dir, kc, issued)
-	if st := b.State(); st.Phase != CertValid || !st.RenewAt.Equal(renewalDeadline(issued, 0.5)) {
+	if st := b.State(); st.Phase != report.CertValid || !st.RenewAt.Equal(renewalDeadline(issued, 0.5)) {
 		t.Errorf("state %+v", st)
 	}
 }
@@ -220,7 +221,7 @@ func TestBootstrapRenewalOutageFallsBackToBootstrap(t *testing.T) {
 	for clk.Now().Before(unreachableUntil) {
 		bsAsleep(t, clk)
 		st := b.State()
-		if st.Phase != CertFailing || !strings.Contains(st.Reason, "fake outage") {
+		if st.Phase != report.CertFailing || !strings.Contains(st.Reason, "fake outage") {
 			t.Fatalf("state during the outage %+v", st)
 		}
 		if st.Usable != clk.Now().Before(notAfter) {
@@ -228,7 +229,7 @@ func TestBootstrapRenewalOutageFallsBackToBootstrap(t *testing.T) {
 		}
 		clk.Advance(2 * time.Minute)
 	}
-	ndWait(t, "certificate after the outage", func() bool { return b.State().Phase == CertValid })
+	ndWait(t, "certificate after the outage", func() bool { return b.State().Phase == report.CertValid })
 	var byNode, byToken int
 	for _, r := range f.requests() {
 		if r.method != http.MethodPost {
@@ -278,7 +279,7 @@ func TestBootstrapDeniedKeepsChecking(t *testing.T) {
 		t.Fatalf("%d requests created while denied, want 1", len(csrs))
 	}
 	name := csrs[0].Name
-	if st.Phase != CertDenied || st.Usable || st.CSR != name || !strings.Contains(st.Reason, "NotThisOne") {
+	if st.Phase != report.CertDenied || st.Usable || st.CSR != name || !strings.Contains(st.Reason, "NotThisOne") {
 		t.Errorf("state %+v", st)
 	}
 	select {
@@ -298,7 +299,7 @@ func TestBootstrapDeniedKeepsChecking(t *testing.T) {
 	f.deny = false
 	f.mu.Unlock()
 	clk.Advance(2 * time.Minute)
-	ndWait(t, "certificate", func() bool { return b.State().Phase == CertValid })
+	ndWait(t, "certificate", func() bool { return b.State().Phase == report.CertValid })
 	csrs = f.created()
 	if len(csrs) != 2 || csrs[1].Name != name {
 		t.Fatalf("requests %d, want the same one made again", len(csrs))
@@ -327,7 +328,7 @@ func TestBootstrapKubeconfigOnlyWhenNeeded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := b.State(); st.Phase != CertValid || !st.Usable {
+		if st := b.State(); st.Phase != report.CertValid || !st.Usable {
 			t.Errorf("state %+v", st)
 		}
 	})
@@ -342,12 +343,12 @@ func TestBootstrapKubeconfigOnlyWhenNeeded(t *testing.T) {
 		}
 		runUntilDone(t, b.Run)
 		bsAsleep(t, clk)
-		if st := b.State(); st.Phase != CertFailing || st.Usable || !strings.Contains(st.Reason, "bootstrap kubeconfig "+filepath.Join(dir, "bootstrap.kubeconfig")) {
+		if st := b.State(); st.Phase != report.CertFailing || st.Usable || !strings.Contains(st.Reason, "bootstrap kubeconfig "+filepath.Join(dir, "bootstrap.kubeconfig")) {
 			t.Errorf("state %+v", st)
 		}
 		f.writeBootstrap(t, dir)
 		clk.Advance(2 * time.Minute)
-		ndWait(t, "certificate", func() bool { return b.State().Phase == CertValid })
+		ndWait(t, "certificate", func() bool { return b.State().Phase == report.CertValid })
 		if csrs := f.created(); len(csrs) != 1 || csrs[0].Spec.Username != "token:bootstrap-token" {
 			t.Errorf("requests %+v", csrs)
 		}
@@ -776,7 +777,7 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	}
 	ndEventually(t, "requesting state", func() bool {
 		st := b.State()
-		return st.Phase == CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "waiting for approval")
+		return st.Phase == report.CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "waiting for approval")
 	})
 	c.approve(t, csr.Name)
 	ndEventually(t, "approved state", func() bool { return strings.Contains(b.State().Reason, "waiting for the signer") })
@@ -826,7 +827,7 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 		t.Errorf("the client made before the renewal still presents the old certificate: groups %v", groups)
 	}
 	bsCheckFiles(t, dir, cfg.Kubeconfig, second)
-	if st := b.State(); st.Phase != CertValid || st.CSR != renewal.Name || !st.Usable {
+	if st := b.State(); st.Phase != report.CertValid || st.CSR != renewal.Name || !st.Usable {
 		t.Errorf("state %+v", st)
 	}
 	done()
@@ -881,7 +882,7 @@ func bsTestDenied(t *testing.T, c *bsCluster) {
 	c.decide(t, csr.Name, certsv1.CertificateDenied, "NotOnOurSite")
 	ndEventually(t, "denied state", func() bool {
 		st := b.State()
-		return st.Phase == CertDenied && st.CSR == csr.Name && strings.Contains(st.Reason, "NotOnOurSite")
+		return st.Phase == report.CertDenied && st.CSR == csr.Name && strings.Contains(st.Reason, "NotOnOurSite")
 	})
 	ndEventually(t, "the denied request checked again", func() bool {
 		n := 0

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/report"
 )
 
 // certSlot is a certificate the node requests from the cluster and
@@ -26,11 +27,11 @@ type certSlot struct {
 	mu      sync.Mutex
 	cert    *tls.Certificate // nil until one is usable
 	renewAt time.Time
-	state   CertState
+	state   report.Cert
 }
 
 // State returns where the certificate stands.
-func (c *certSlot) State() CertState {
+func (c *certSlot) State() report.Cert {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.state
@@ -52,7 +53,7 @@ func (c *certSlot) install(cert *tls.Certificate, csr string, swapped func()) {
 	if swapped != nil {
 		swapped()
 	}
-	c.setStateLocked(CertValid, "", csr)
+	c.setStateLocked(report.CertValid, "", csr)
 }
 
 // run calls request when there is no certificate, and again when the
@@ -78,16 +79,16 @@ func (c *certSlot) run(ctx context.Context, request func(context.Context) error)
 		}
 		var d *csrDeniedError
 		if errors.As(err, &d) {
-			c.setState(CertDenied, err.Error()+"; delete it to have the node request again", d.name)
+			c.setState(report.CertDenied, err.Error()+"; delete it to have the node request again", d.name)
 		} else {
-			c.setState(CertFailing, err.Error(), "")
+			c.setState(report.CertFailing, err.Error(), "")
 		}
 		sleepClock(ctx, c.clock, bo.Next())
 	}
 }
 
 // setState records phase and reason and logs a change of either.
-func (c *certSlot) setState(phase CertPhase, reason, csr string) {
+func (c *certSlot) setState(phase report.CertPhase, reason, csr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.setStateLocked(phase, reason, csr)
@@ -95,7 +96,7 @@ func (c *certSlot) setState(phase CertPhase, reason, csr string) {
 
 // setStateLocked is setState with c.mu held. It logs under the lock, so
 // that the log line is written by the time anyone sees the state.
-func (c *certSlot) setStateLocked(phase CertPhase, reason, csr string) {
+func (c *certSlot) setStateLocked(phase report.CertPhase, reason, csr string) {
 	changed := c.state.Phase != phase || c.state.Reason != reason
 	if changed {
 		c.state.Since = c.clock.Now()
@@ -110,13 +111,13 @@ func (c *certSlot) setStateLocked(phase CertPhase, reason, csr string) {
 	}
 	s := c.state
 	switch s.Phase {
-	case CertValid:
+	case report.CertValid:
 		c.log.Info(c.what+" certificate in use", append([]any{"subject", s.Subject, "notAfter", s.NotAfter, "renewAt", s.RenewAt}, c.logAttrs...)...)
-	case CertRequesting:
+	case report.CertRequesting:
 		c.log.Info("requesting "+c.what+" certificate", append([]any{"csr", s.CSR, "reason", s.Reason}, c.logAttrs...)...)
-	case CertDenied:
+	case report.CertDenied:
 		c.log.Warn(c.what+" certificate request denied; checking it again later", "csr", s.CSR, "reason", s.Reason)
-	case CertFailing:
+	case report.CertFailing:
 		c.log.Warn(c.what+" certificate request failed; retrying", "err", s.Reason)
 	}
 }

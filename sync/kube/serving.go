@@ -20,6 +20,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/atomicfile"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/report"
 )
 
 // Serving certificates issued by the cluster, as kubelet's
@@ -141,7 +142,7 @@ func NewServingCerts(cfg ServingConfig, deps ServingDeps) (*ServingCerts, error)
 	if cert != nil {
 		s.use(cert, "")
 	} else {
-		s.setState(CertRequesting, why+"; requesting a serving certificate", "")
+		s.setState(report.CertRequesting, why+"; requesting a serving certificate", "")
 	}
 	return s, nil
 }
@@ -251,7 +252,7 @@ func (s *ServingCerts) request(ctx context.Context) error {
 		if strings.HasSuffix(reason, "waiting for approval") {
 			reason += " (kubectl certificate approve " + csr.Name + ")"
 		}
-		s.setState(CertRequesting, reason, csr.Name)
+		s.setState(report.CertRequesting, reason, csr.Name)
 	})
 	if err != nil {
 		return err

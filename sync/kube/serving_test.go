@@ -21,6 +21,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -55,7 +56,7 @@ func TestServingCertsRequestsAndStores(t *testing.T) {
 	if s.Current() != nil {
 		t.Fatal("a certificate before any was issued")
 	}
-	if st := s.State(); st.Phase != CertRequesting || st.Usable || !strings.Contains(st.Reason, "no serving certificate") {
+	if st := s.State(); st.Phase != report.CertRequesting || st.Usable || !strings.Contains(st.Reason, "no serving certificate") {
 		t.Errorf("state before Run %+v", st)
 	}
 	runUntilDone(t, s.Run)
@@ -75,7 +76,7 @@ func TestServingCertsRequestsAndStores(t *testing.T) {
 	}
 	scCheckLeaf(t, leaf, scWantNames, scWantIPs)
 	scCheckFiles(t, dir, issued)
-	if st := s.State(); st.Phase != CertValid || !st.Usable || st.CSR != csrs[0].Name || !st.RenewAt.Equal(renewalDeadline(issued, 0.5)) {
+	if st := s.State(); st.Phase != report.CertValid || !st.Usable || st.CSR != csrs[0].Name || !st.RenewAt.Equal(renewalDeadline(issued, 0.5)) {
 		t.Errorf("state %+v", st)
 	}
 	if got := log.matching("serving certificate in use"); len(got) != 1 {
@@ -125,14 +126,14 @@ func TestServingCertsLoadedAtStart(t *testing.T) {
 				if cur := s.Current(); cur == nil || !cur.Leaf.Equal(kept) {
 					t.Fatalf("kept certificate not served: state %+v", st)
 				}
-				if st.Phase != CertValid || !st.Usable || !st.RenewAt.Equal(tt.nb.Add(80*time.Hour)) {
+				if st.Phase != report.CertValid || !st.Usable || !st.RenewAt.Equal(tt.nb.Add(80*time.Hour)) {
 					t.Errorf("state %+v", st)
 				}
 			} else {
 				if s.Current() != nil {
 					t.Fatal("kept certificate served")
 				}
-				if st.Phase != CertRequesting || st.Usable || !strings.Contains(st.Reason, tt.wantWhy) {
+				if st.Phase != report.CertRequesting || st.Usable || !strings.Contains(st.Reason, tt.wantWhy) {
 					t.Errorf("state %+v, want the reason to say %q", st, tt.wantWhy)
 				}
 			}
@@ -198,7 +199,7 @@ func TestServingCertsExpiresWhileDenied(t *testing.T) {
 	f.writeServing(t, dir, "system:node:n1", scWantNames, scWantIPs, ndEpoch.Add(-90*time.Hour), ndEpoch.Add(10*time.Hour))
 	s, log := f.servingCerts(t, dir, scConfig(dir), clk)
 	runUntilDone(t, s.Run)
-	ndWait(t, "denied", func() bool { return s.State().Phase == CertDenied })
+	ndWait(t, "denied", func() bool { return s.State().Phase == report.CertDenied })
 	if st := s.State(); !st.Usable || s.Current() == nil || !strings.Contains(st.Reason, "NotThisOne") {
 		t.Errorf("denied renewal with a valid certificate: state %+v", st)
 	}
@@ -208,7 +209,7 @@ func TestServingCertsExpiresWhileDenied(t *testing.T) {
 	if s.Current() != nil {
 		t.Error("an expired certificate is served")
 	}
-	if st := s.State(); st.Phase != CertDenied || st.Usable {
+	if st := s.State(); st.Phase != report.CertDenied || st.Usable {
 		t.Errorf("state after expiry %+v", st)
 	}
 	csrs := f.created()
@@ -461,7 +462,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	}
 	ndEventually(t, "waiting for approval", func() bool {
 		st := s.State()
-		return st.Phase == CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "kubectl certificate approve "+csr.Name)
+		return st.Phase == report.CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "kubectl certificate approve "+csr.Name)
 	})
 	if s.Current() != nil {
 		t.Fatal("a certificate before the request was signed")
@@ -476,7 +477,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	}
 	scCheckLeaf(t, leaf, []string{"edge-serve", "edge-serve.lan"}, wantIPs)
 	scCheckFiles(t, dir, issued)
-	if st := s.State(); st.Phase != CertValid || !st.Usable || st.CSR != csr.Name {
+	if st := s.State(); st.Phase != report.CertValid || !st.Usable || st.CSR != csr.Name {
 		t.Errorf("state %+v", st)
 	}
 	done()

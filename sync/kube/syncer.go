@@ -12,6 +12,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -123,7 +124,7 @@ type Syncer struct {
 	writes *limiter
 
 	mu   sync.Mutex
-	link Link
+	link report.Link
 	// nodeSynced says the Node and Lease were written since the link
 	// last came up; changed is closed and replaced whenever link or
 	// nodeSynced changes, so waiters can select on it.
@@ -138,22 +139,6 @@ type Syncer struct {
 	// sink is what the status sink (status.go) shares: mirror pod
 	// problems and buffered events.
 	sink sinkState
-}
-
-// Link is the state of the connection to the API server, for `outpost
-// status`.
-type Link struct {
-	// Server is the API server's URL.
-	Server string `json:"server"`
-	// Connected reports whether the last Lease renewal succeeded.
-	Connected bool `json:"connected"`
-	// Since is when Connected last changed (or the syncer started).
-	Since time.Time `json:"since"`
-	// LastLease is when the Lease was last renewed.
-	LastLease time.Time `json:"lastLease,omitzero"`
-	// LastError is the newest failed request, and when it failed.
-	LastError   string    `json:"lastError,omitempty"`
-	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
 }
 
 // New returns a Syncer; it starts nothing until Run.
@@ -173,7 +158,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 	cfg.setDefaults()
 	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, changed: make(chan struct{})}
 	s.writes = newLimiter(deps.Clock, cfg.WriteQPS, cfg.WriteBurst)
-	s.link = Link{Server: deps.Client.Config.Host, Since: deps.Clock.Now()}
+	s.link = report.Link{Server: deps.Client.Config.Host, Since: deps.Clock.Now()}
 	return s, nil
 }
 
@@ -253,7 +238,7 @@ func (s *Syncer) presence() (bool, <-chan struct{}) {
 }
 
 // Link returns the state of the connection.
-func (s *Syncer) Link() Link {
+func (s *Syncer) Link() report.Link {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.link

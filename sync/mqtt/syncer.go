@@ -12,6 +12,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/report"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -80,21 +81,6 @@ type Deps struct {
 	Wire *ByteCounter
 }
 
-// Link is the state of the connection to the broker, for `outpost
-// status`.
-type Link struct {
-	Broker    string    `json:"broker"`
-	Connected bool      `json:"connected"`
-	Since     time.Time `json:"since"`
-	// LastPublish is when the broker last acknowledged a status.
-	LastPublish time.Time `json:"lastPublish,omitzero"`
-	// Session reports whether the broker kept the session at the last
-	// connect.
-	Session     bool      `json:"session"`
-	LastError   string    `json:"lastError,omitempty"`
-	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
-}
-
 // Syncer connects the store to the broker. Its methods are safe for
 // concurrent use.
 type Syncer struct {
@@ -105,7 +91,7 @@ type Syncer struct {
 	keys *Keyring // nil: signatures are not checked
 
 	mu   sync.Mutex
-	link Link
+	link report.Link
 
 	events eventQueue
 	// sent are the pods whose status this agent published, by
@@ -131,7 +117,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 	cfg.setDefaults()
 	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, sent: map[string]bool{}, keys: NewKeyring(cfg.TrustedKeys...)}
 	s.m.init()
-	s.link = Link{Broker: cfg.Broker, Since: deps.Clock.Now()}
+	s.link = report.Link{Transport: "mqtt", Server: cfg.Broker, Since: deps.Clock.Now()}
 	s.events.wake = make(chan struct{}, 1)
 	return s, nil
 }
@@ -149,7 +135,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 }
 
 // Link returns the state of the connection.
-func (s *Syncer) Link() Link {
+func (s *Syncer) Link() report.Link {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.link
@@ -158,15 +144,14 @@ func (s *Syncer) Link() Link {
 func (s *Syncer) setConnected(ok, session bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.link.Session = session && ok
 	if s.link.Connected == ok {
 		return
 	}
 	s.link.Connected, s.link.Since = ok, s.deps.Clock.Now()
 	if ok {
-		s.log.Info("mqtt broker connected", "broker", s.link.Broker, "session", session)
+		s.log.Info("mqtt broker connected", "broker", s.link.Server, "session", session)
 	} else {
-		s.log.Warn("mqtt broker lost; pods keep running from the store", "broker", s.link.Broker, "err", s.link.LastError)
+		s.log.Warn("mqtt broker lost; pods keep running from the store", "broker", s.link.Server, "err", s.link.LastError)
 	}
 }
 

@@ -35,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/internal/report"
 	opmqtt "github.com/outpost-edge/outpost/sync/mqtt"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -738,7 +739,7 @@ func mbWireCounter(m map[string]float64) (in, out float64) {
 
 // link returns the agent's link state from `outpost status` (over its
 // local socket, not the link).
-func (s *mqttBench) agentLink() (*agent.LinkInfo, error) {
+func (s *mqttBench) agentLink() (*report.Link, error) {
 	st, err := s.node.status()
 	if err != nil {
 		return nil, err
