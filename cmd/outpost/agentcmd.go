@@ -192,7 +192,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	// use goes back to the kernel once the pods have been quiet a while.
 	podChanges, unsubscribe := st.Subscribe(store.KindPod)
 	ps.onStop(unsubscribe)
-	ps.start(ctx, func(ctx context.Context) { memtrim.Run(ctx, podChanges, clk, trimQuiet, log) })
+	ps.start(ctx, func(ctx context.Context) { memtrim.Run(ctx, podChanges, clk, trimQuiet, log, st) })
 	ps.start(ctx, func(ctx context.Context) { notifyServiceManager(ctx, a, clk, log) })
 	// The pods run in this goroutine; once they stop, the parts above
 	// stop in reverse order.

@@ -17,9 +17,7 @@ import (
 // made read-only; those are not the file's, and dropping them would undo
 // the relocations, so there only the code is dropped. Code and a fixed
 // executable's read-only data are never written: dropped, they read back
-// from the file as they were. It does the same to read-only shared
-// mappings of files (the store's, which bbolt maps to read and writes
-// through the file), whose pages are always the file's.
+// from the file as they were.
 func unmapExecutable() (int64, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
@@ -40,9 +38,7 @@ func unmapExecutable() (int64, error) {
 		if len(f) < 6 {
 			continue
 		}
-		ownCode := f[5] == exe && (f[1] == "r-xp" || (!pie && f[1] == "r--p"))
-		sharedFile := f[1] == "r--s" && strings.HasPrefix(f[5], "/") && !strings.HasPrefix(f[5], "/dev/")
-		if !ownCode && !sharedFile {
+		if f[5] != exe || !(f[1] == "r-xp" || (!pie && f[1] == "r--p")) {
 			continue
 		}
 		lo, hi, ok := strings.Cut(f[0], "-")
@@ -54,15 +50,10 @@ func unmapExecutable() (int64, error) {
 		if err1 != nil || err2 != nil || end <= start {
 			continue
 		}
-		if ownCode {
-			// No readahead into the executable's mappings: a page used
-			// again is read alone (see evictExecutable).
-			unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_RANDOM)
-		}
+		// No readahead into the executable's mappings: a page used again
+		// is read alone (see evictExecutable).
+		unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_RANDOM)
 		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_DONTNEED); errno != 0 {
-			if !ownCode {
-				continue // not the agent's to fail for
-			}
 			return total, fmt.Errorf("madvise %s: %w", f[0], errno)
 		}
 		total += int64(end - start)

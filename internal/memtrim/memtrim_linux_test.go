@@ -3,6 +3,7 @@ package memtrim
 import (
 	"bufio"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -116,9 +117,19 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// Trim unmaps the pages of a read-only shared mapping of a file (as bbolt
-// maps the store), which read back as they were.
-func TestTrimUnmapsSharedFileMappings(t *testing.T) {
+// mapping is a read-only shared mapping of a file that unmaps its own
+// pages, as the store does bbolt's.
+type mapping []byte
+
+func (m mapping) Unmap() error { return unix.Madvise(m, unix.MADV_DONTNEED) }
+
+type failing struct{}
+
+func (failing) Unmap() error { return errors.New("no") }
+
+// Trim has each file it is given unmap its pages (they read back as they
+// were), and says the first that failed after trying them all.
+func TestTrimUnmapsTheFilesGiven(t *testing.T) {
 	path := t.TempDir() + "/data"
 	want := strings.Repeat("outpost ", 1<<18) // 2 MiB
 	if err := os.WriteFile(path, []byte(want), 0o600); err != nil {
@@ -138,8 +149,8 @@ func TestTrimUnmapsSharedFileMappings(t *testing.T) {
 		t.Fatal("mapping differs from the file")
 	}
 	before := rssFile(t)
-	if _, err := Trim(); err != nil {
-		t.Fatal(err)
+	if _, err := Trim(failing{}, mapping(m)); err == nil || err.Error() != "no" {
+		t.Fatalf("Trim with a file that failed: %v", err)
 	}
 	after := rssFile(t)
 	t.Logf("RssFile %d → %d kB", before, after)

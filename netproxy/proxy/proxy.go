@@ -374,7 +374,7 @@ func udpOf(sp *netproxy.ServicePort) (udpPort, bool) {
 
 // trim gives back the memory a big sync touched.
 func (p *Proxy) trim() {
-	if _, err := memtrim.Trim(); err != nil {
+	if _, err := memtrim.Trim(p.deps.Store); err != nil {
 		p.deps.Log.Debug("trim memory", "err", err)
 	}
 }
