@@ -204,7 +204,7 @@ func (f *Fake) Apply(tx *Tx) error {
 	for i, op := range tx.Ops {
 		if err := x.apply(op); err != nil {
 			x.rollback()
-			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, op.String(), err)
 		}
 	}
 	if x.t != nil {
@@ -258,49 +258,6 @@ func (f *Fake) List() (Contents, error) {
 	c.Maps = slices.Sorted(maps.Keys(f.table.maps))
 	c.Sets = slices.Sorted(maps.Keys(f.table.sets))
 	return c, nil
-}
-
-// describeOp names an op for an error: `add rule to chain svc-x`.
-func describeOp(op Op) string {
-	switch op.Kind {
-	case OpAddChain:
-		return "add chain " + op.Chain.Name
-	case OpFlushChain:
-		return "flush chain " + op.Chain.Name
-	case OpDelChain:
-		return "delete chain " + op.Chain.Name
-	case OpAddRule:
-		return "add rule to chain " + op.Chain.Name
-	case OpAddMap:
-		return "add map " + op.Map.Name
-	case OpDelMap:
-		return "delete map " + op.Map.Name
-	case OpAddElem:
-		return fmt.Sprintf("add element %s to map %s", op.Key, op.Map.Name)
-	case OpDelElem:
-		return fmt.Sprintf("delete element %s from map %s", op.Key, op.Map.Name)
-	case OpAddSet:
-		return "add set " + op.Set.Name
-	case OpDelSet:
-		return "delete set " + op.Set.Name
-	case OpDelTable:
-		return "delete table " + netproxy.TableName
-	}
-	return fmt.Sprintf("op kind %d", int(op.Kind))
-}
-
-// maxNameLen is the longest chain, set or map name the kernel takes
-// (NFT_NAME_MAXLEN, 256 with the NUL).
-const maxNameLen = 255
-
-func checkName(what, name string) error {
-	if name == "" {
-		return fmt.Errorf("%s name is empty: %w", what, unix.EINVAL)
-	}
-	if len(name) > maxNameLen {
-		return fmt.Errorf("%s name is %d bytes, the kernel takes at most %d: %w", what, len(name), maxNameLen, unix.ENAMETOOLONG)
-	}
-	return nil
 }
 
 func (x *fakeTx) apply(op Op) error {
@@ -359,7 +316,7 @@ func (x *fakeTx) apply(op Op) error {
 		x.refRule(op.Chain.Name, r, 1)
 		x.dirty[op.Chain.Name] = true
 	case OpAddMap:
-		if err := checkName("map", op.Map.Name); err != nil {
+		if err := CheckName("map", op.Map.Name); err != nil {
 			return err
 		}
 		if err := checkKeyType(op.Map.Key); err != nil {
@@ -403,7 +360,7 @@ func (x *fakeTx) apply(op Op) error {
 			return err
 		}
 		switch {
-		case m.set || endpointKey(m.key):
+		case m.set || m.key.Endpoint():
 			if op.Verdict != (Verdict{}) {
 				return fmt.Errorf("element of %s with verdict %s: %w", op.Map.Name, op.Verdict, unix.EINVAL)
 			}
@@ -412,7 +369,7 @@ func (x *fakeTx) apply(op Op) error {
 				return err
 			}
 		}
-		if err := checkElemData(m.key, op.Data); err != nil {
+		if err := m.key.CheckData(op.Data); err != nil {
 			return fmt.Errorf("element %s of %s: %w", k.Format(m.key), op.Map.Name, err)
 		}
 		el := fakeElem{Verdict: op.Verdict, data: op.Data}
@@ -445,7 +402,7 @@ func (x *fakeTx) apply(op Op) error {
 			x.bump2(t.elemRefs, v.Chain, op.Map.Name, -1)
 		}
 	case OpAddSet:
-		if err := checkName("set", op.Set.Name); err != nil {
+		if err := CheckName("set", op.Set.Name); err != nil {
 			return err
 		}
 		if op.Set.Timeout < 0 {
@@ -456,7 +413,7 @@ func (x *fakeTx) apply(op Op) error {
 		}
 		if s := t.sets[op.Set.Name]; s != nil {
 			if s.V6 != op.Set.V6 {
-				return fmt.Errorf("set exists with type %s: %w", addrType(s.V6), unix.EEXIST)
+				return fmt.Errorf("set exists with type %s: %w", AddrType(s.V6), unix.EEXIST)
 			}
 			if s.Timeout.Truncate(time.Millisecond) != op.Set.Timeout.Truncate(time.Millisecond) {
 				return fmt.Errorf("set exists with timeout %s (older kernels would keep it): delete and re-create it: %w", s.Timeout, unix.EEXIST)
@@ -481,7 +438,7 @@ func (x *fakeTx) apply(op Op) error {
 }
 
 func (x *fakeTx) addChain(c Chain) error {
-	if err := checkName("chain", c.Name); err != nil {
+	if err := CheckName("chain", c.Name); err != nil {
 		return err
 	}
 	if c.Base != nil {
@@ -535,22 +492,6 @@ func checkKeyType(k KeyType) error {
 	return fmt.Errorf("unknown key type %q: %w", k, unix.EINVAL)
 }
 
-// checkElemData checks what an element of a map with key k maps to: an
-// endpoint of the key's family in an endpoint map, nothing elsewhere.
-func checkElemData(k KeyType, d netip.AddrPort) error {
-	if !endpointKey(k) {
-		if d.IsValid() {
-			return fmt.Errorf("map %s takes no endpoint (%s): %w", k, d, unix.EINVAL)
-		}
-		return nil
-	}
-	v6 := k == KeyAddr6ProtoPortIndex
-	if a := d.Addr(); !a.IsValid() || a.Is6() != v6 || a.Is4In6() || d.Port() == 0 {
-		return fmt.Errorf("endpoint %s: want an %s and a port: %w", d, addrType(v6), unix.EINVAL)
-	}
-	return nil
-}
-
 // format prints the element's value as nft does.
 func (e fakeElem) format() string {
 	if e.data.IsValid() {
@@ -565,10 +506,10 @@ func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
 	if opKey != mapKey {
 		return k, fmt.Errorf("op says key type %q, map has %q: %w", opKey, mapKey, unix.EINVAL)
 	}
-	if pairKey(mapKey) {
+	if mapKey.Pair() {
 		v6 := mapKey == KeyAddr6Pair
 		if !k.Addr.IsValid() || !k.Addr2.IsValid() || k.Addr.Is6() != v6 || k.Addr2.Is6() != v6 || k.Addr.Is4In6() || k.Addr2.Is4In6() {
-			return k, fmt.Errorf("key %s: map %s needs two %s addresses: %w", k, mapKey, addrType(v6), unix.EINVAL)
+			return k, fmt.Errorf("key %s: map %s needs two %s addresses: %w", k, mapKey, AddrType(v6), unix.EINVAL)
 		}
 		if k.Protocol != "" || k.Port != 0 {
 			return k, fmt.Errorf("key %s: map %s takes no protocol or port: %w", k, mapKey, unix.EINVAL)
@@ -578,11 +519,11 @@ func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
 	if k.Addr2.IsValid() {
 		return k, fmt.Errorf("key %s: map %s takes one address: %w", k, mapKey, unix.EINVAL)
 	}
-	if k.Index != 0 && !endpointKey(mapKey) {
+	if k.Index != 0 && !mapKey.Endpoint() {
 		return k, fmt.Errorf("key %s: map %s takes no index: %w", k, mapKey, unix.EINVAL)
 	}
 	k.Protocol = strings.ToUpper(k.Protocol)
-	if _, ok := l4proto[k.Protocol]; !ok {
+	if _, ok := ProtocolNumber(k.Protocol); !ok {
 		return k, fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", k.Protocol, unix.EINVAL)
 	}
 	switch mapKey {
@@ -627,22 +568,12 @@ func (t *fakeTable) checkTarget(name string) error {
 	return nil
 }
 
-// isTerminalStmt reports whether s ends a rule's evaluation when it is reached
-// (or, for a vmap, when its lookup hits).
-func isTerminalStmt(s Stmt) bool {
-	switch s.(type) {
-	case VerdictStmt, MapLookup, DNAT, DNATMap, Masquerade, Reject:
-		return true
-	}
-	return false
-}
-
 // checkRule checks a rule's statements against the table and returns a
 // copy the caller cannot change under us.
 func (t *fakeTable) checkRule(r Rule) (Rule, error) {
 	out := Rule{Comment: r.Comment, Stmts: make([]Stmt, 0, len(r.Stmts))}
 	for i, s := range r.Stmts {
-		if i > 0 && isTerminalStmt(r.Stmts[i-1]) {
+		if i > 0 && Terminal(r.Stmts[i-1]) {
 			return r, fmt.Errorf("statement %d (%s) follows a terminal statement and would never run: %w", i, stmtString(s), unix.EINVAL)
 		}
 		if err := t.checkStmt(s); err != nil {
@@ -653,13 +584,6 @@ func (t *fakeTable) checkRule(r Rule) (Rule, error) {
 	return out, nil
 }
 
-func stmtString(s Stmt) string {
-	if s == nil {
-		return "nil"
-	}
-	return s.String()
-}
-
 func (t *fakeTable) checkStmt(s Stmt) error {
 	switch s := s.(type) {
 	case MatchFamily, MatchAddrType, MatchMark, SetMark, MatchDNATed, Masquerade, Reject:
@@ -668,7 +592,7 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 			return fmt.Errorf("invalid prefix: %w", unix.EINVAL)
 		}
 	case MatchProtoPort:
-		if _, ok := l4proto[strings.ToUpper(s.Protocol)]; !ok {
+		if _, ok := ProtocolNumber(strings.ToUpper(s.Protocol)); !ok {
 			return fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", s.Protocol, unix.EINVAL)
 		}
 	case MapLookup:
@@ -682,7 +606,7 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 		if m.key != s.Key {
 			return fmt.Errorf("map %q has key %s, lookup loads %s: %w", s.Map, m.key, s.Key, unix.EINVAL)
 		}
-		if m.set || endpointKey(m.key) {
+		if m.set || m.key.Endpoint() {
 			return fmt.Errorf("map %q does not map to verdicts: %w", s.Map, unix.EINVAL)
 		}
 	case MatchRandom:
@@ -697,7 +621,7 @@ func (t *fakeTable) checkStmt(s Stmt) error {
 		if !m.set {
 			return fmt.Errorf("%q is a map, not a set: %w", s.Set, unix.EINVAL)
 		}
-		if _, addrKey := addrProtoPortKey(s.Key); m.key != s.Key || !pairKey(s.Key) && (!addrKey || endpointKey(s.Key)) {
+		if _, addrKey := s.Key.AddrProtoPort(); m.key != s.Key || !s.Key.Pair() && (!addrKey || s.Key.Endpoint()) {
 			return fmt.Errorf("set %q has key %s, lookup loads %s: %w", s.Set, m.key, s.Key, unix.EINVAL)
 		}
 	case SetLookup:
@@ -736,16 +660,9 @@ func (t *fakeTable) checkSet(name string, v6 bool) error {
 		return fmt.Errorf("set %q: no such set: %w", name, unix.ENOENT)
 	}
 	if s.V6 != v6 {
-		return fmt.Errorf("set %q holds %s: %w", name, addrType(s.V6), unix.EINVAL)
+		return fmt.Errorf("set %q holds %s: %w", name, AddrType(s.V6), unix.EINVAL)
 	}
 	return nil
-}
-
-func addrType(v6 bool) string {
-	if v6 {
-		return "ipv6_addr"
-	}
-	return "ipv4_addr"
 }
 
 // stmtTargets returns the chains a statement can jump or go to, and the map
@@ -1004,7 +921,7 @@ func (f *Fake) Dump() string {
 	var objs []block
 	for name, s := range t.sets {
 		var b strings.Builder
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n", name, addrType(s.V6), affinitySetSize)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n", name, AddrType(s.V6), AffinitySetSize)
 		if ts := nftDuration(s.Timeout); ts != "" {
 			fmt.Fprintf(&b, "\t\ttimeout %s\n", ts)
 		}
@@ -1016,7 +933,7 @@ func (f *Fake) Dump() string {
 		if m.set {
 			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", name, m.key)
 		} else {
-			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, dataType(m.key))
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, m.key.DataType())
 		}
 		if len(m.elems) > 0 {
 			elems := make([]string, 0, len(m.elems))
@@ -1124,12 +1041,12 @@ func addrFamily(s Stmt) (v6, ok bool) {
 	case MatchAddr:
 		return s.Prefix.Addr().Is6(), true
 	case MapLookup:
-		return addrProtoPortKey(s.Key)
+		return s.Key.AddrProtoPort()
 	case MatchSet:
-		if pairKey(s.Key) {
+		if s.Key.Pair() {
 			return s.Key == KeyAddr6Pair, true
 		}
-		return addrProtoPortKey(s.Key)
+		return s.Key.AddrProtoPort()
 	case DNATMap:
 		return s.V6, true
 	case SetLookup:

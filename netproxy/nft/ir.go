@@ -5,6 +5,10 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/outpost-edge/outpost/netproxy"
 )
 
 // This file is the seam between what outpost wants in its table and how it
@@ -98,16 +102,16 @@ const (
 	KeyAddr6ProtoPortIndex KeyType = "ipv6_addr . inet_proto . inet_service . mark"
 )
 
-// pairKey reports whether k is an address pair.
-func pairKey(k KeyType) bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
+// Pair reports whether k is an address pair.
+func (k KeyType) Pair() bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
 
-// endpointKey reports whether k is the key of an endpoint map (whose
+// Endpoint reports whether k is the key of an endpoint map (whose
 // elements map to an address and port, not to a verdict).
-func endpointKey(k KeyType) bool { return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex }
+func (k KeyType) Endpoint() bool { return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex }
 
-// addrProtoPortKey reports whether k starts with a destination address,
+// AddrProtoPort reports whether k starts with a destination address,
 // protocol and port, and which family the address is.
-func addrProtoPortKey(k KeyType) (v6, ok bool) {
+func (k KeyType) AddrProtoPort() (v6, ok bool) {
 	switch k {
 	case KeyAddr4ProtoPort, KeyAddr4ProtoPortIndex:
 		return false, true
@@ -117,9 +121,9 @@ func addrProtoPortKey(k KeyType) (v6, ok bool) {
 	return false, false
 }
 
-// dataType is what the elements of a map with key k map to, as nft
+// DataType is what the elements of a map with key k map to, as nft
 // prints it.
-func dataType(k KeyType) string {
+func (k KeyType) DataType() string {
 	switch k {
 	case KeyAddr4ProtoPortIndex:
 		return "ipv4_addr . inet_service"
@@ -127,6 +131,46 @@ func dataType(k KeyType) string {
 		return "ipv6_addr . inet_service"
 	}
 	return "verdict"
+}
+
+// CheckData checks what an element of a map with key k maps to: an
+// endpoint of the key's family in an endpoint map, nothing elsewhere.
+func (k KeyType) CheckData(d netip.AddrPort) error {
+	if !k.Endpoint() {
+		if d.IsValid() {
+			return fmt.Errorf("map %s takes no endpoint (%s): %w", k, d, unix.EINVAL)
+		}
+		return nil
+	}
+	v6 := k == KeyAddr6ProtoPortIndex
+	if a := d.Addr(); !a.IsValid() || a.Is6() != v6 || a.Is4In6() || d.Port() == 0 {
+		return fmt.Errorf("endpoint %s: want an %s and a port: %w", d, AddrType(v6), unix.EINVAL)
+	}
+	return nil
+}
+
+// AddrType is nft's name of an address type: ipv4_addr or ipv6_addr.
+func AddrType(v6 bool) string {
+	if v6 {
+		return "ipv6_addr"
+	}
+	return "ipv4_addr"
+}
+
+// MaxNameLen is the longest chain, set or map name the kernel takes
+// (NFT_NAME_MAXLEN, 256 with the NUL).
+const MaxNameLen = 255
+
+// CheckName checks a chain, set or map name as the kernel does; what
+// says which it is.
+func CheckName(what, name string) error {
+	if name == "" {
+		return fmt.Errorf("%s name is empty: %w", what, unix.EINVAL)
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("%s name is %d bytes, the kernel takes at most %d: %w", what, len(name), MaxNameLen, unix.ENAMETOOLONG)
+	}
+	return nil
 }
 
 // Map is a named verdict map or, with Set, a plain set of keys whose
@@ -166,7 +210,7 @@ func (k MapKey) String() string {
 // Format prints the key as nft prints a key of type kt (the draw of an
 // endpoint key as a mark, 0x00000001).
 func (k MapKey) Format(kt KeyType) string {
-	if endpointKey(kt) {
+	if kt.Endpoint() {
 		return fmt.Sprintf("%s . 0x%08x", k.format(), k.Index)
 	}
 	return k.format()
@@ -363,7 +407,7 @@ type MatchSet struct {
 }
 
 func (m MatchSet) String() string {
-	if v6, ok := addrProtoPortKey(m.Key); ok {
+	if v6, ok := m.Key.AddrProtoPort(); ok {
 		return ipFamily(v6) + " daddr . meta l4proto . th dport @" + m.Set
 	}
 	f := ipFamily(m.Key == KeyAddr6Pair)
@@ -440,6 +484,23 @@ type VerdictStmt struct{ Verdict Verdict }
 
 func (v VerdictStmt) String() string { return v.Verdict.String() }
 
+// Terminal reports whether s ends a rule's evaluation when it is reached
+// (or, for a vmap, when its lookup hits): no statement may follow it.
+func Terminal(s Stmt) bool {
+	switch s.(type) {
+	case VerdictStmt, MapLookup, DNAT, DNATMap, Masquerade, Reject:
+		return true
+	}
+	return false
+}
+
+func stmtString(s Stmt) string {
+	if s == nil {
+		return "nil"
+	}
+	return s.String()
+}
+
 func ipv(v6 bool) string {
 	if v6 {
 		return "ipv6"
@@ -490,6 +551,35 @@ type Op struct {
 	// Data is what an OpAddElem to an endpoint map maps its key to.
 	Data netip.AddrPort
 	Set  AddrSet // OpAddSet, OpDelSet
+}
+
+// String names the op for an error: `add rule to chain svc-x`.
+func (op Op) String() string {
+	switch op.Kind {
+	case OpAddChain:
+		return "add chain " + op.Chain.Name
+	case OpFlushChain:
+		return "flush chain " + op.Chain.Name
+	case OpDelChain:
+		return "delete chain " + op.Chain.Name
+	case OpAddRule:
+		return "add rule to chain " + op.Chain.Name
+	case OpAddMap:
+		return "add map " + op.Map.Name
+	case OpDelMap:
+		return "delete map " + op.Map.Name
+	case OpAddElem:
+		return fmt.Sprintf("add element %s to map %s", op.Key, op.Map.Name)
+	case OpDelElem:
+		return fmt.Sprintf("delete element %s from map %s", op.Key, op.Map.Name)
+	case OpAddSet:
+		return "add set " + op.Set.Name
+	case OpDelSet:
+		return "delete set " + op.Set.Name
+	case OpDelTable:
+		return "delete table " + netproxy.TableName
+	}
+	return fmt.Sprintf("op kind %d", int(op.Kind))
 }
 
 // AddChain appends OpAddChain.

@@ -138,7 +138,7 @@ func (n *Netlink) Apply(tx *Tx) error {
 				}
 			}
 			if err != nil {
-				return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+				return fmt.Errorf("apply tx: op %d (%s): %w", i, op.String(), err)
 			}
 			i = next
 			continue
@@ -149,7 +149,7 @@ func (n *Netlink) Apply(tx *Tx) error {
 			return fmt.Errorf("apply tx: %w", err)
 		}
 		if err := b.add(op); err != nil {
-			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, op.String(), err)
 		}
 		i++
 		if inConn++; inConn >= chunkOps {
@@ -652,7 +652,7 @@ func (b *nlBatch) add(op Op) error {
 	case OpDelTable:
 		b.c.DelTable(b.t)
 	case OpAddChain:
-		if err := checkName("chain", op.Chain.Name); err != nil {
+		if err := CheckName("chain", op.Chain.Name); err != nil {
 			return err
 		}
 		ch, err := b.chain(op.Chain)
@@ -665,7 +665,7 @@ func (b *nlBatch) add(op Op) error {
 	case OpDelChain:
 		b.c.DelChain(&nftables.Chain{Name: op.Chain.Name, Table: b.t})
 	case OpAddMap:
-		if err := checkName("map", op.Map.Name); err != nil {
+		if err := CheckName("map", op.Map.Name); err != nil {
 			return err
 		}
 		kt, err := nlKeyType(op.Map.Key)
@@ -679,7 +679,7 @@ func (b *nlBatch) add(op Op) error {
 		case KeyAddr6ProtoPortIndex:
 			s.DataType = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)
 		}
-		if op.Map.Set && endpointKey(op.Map.Key) {
+		if op.Map.Set && op.Map.Key.Endpoint() {
 			return fmt.Errorf("set %s: an endpoint key needs a map", op.Map.Name)
 		}
 		if op.Map.Set {
@@ -691,13 +691,13 @@ func (b *nlBatch) add(op Op) error {
 	case OpDelMap:
 		b.c.DelSet(&nftables.Set{Table: b.t, Name: op.Map.Name})
 	case OpAddSet:
-		if err := checkName("set", op.Set.Name); err != nil {
+		if err := CheckName("set", op.Set.Name); err != nil {
 			return err
 		}
 		if op.Set.Timeout < 0 {
 			return fmt.Errorf("timeout %s is negative", op.Set.Timeout)
 		}
-		s := &nftables.Set{Table: b.t, Name: op.Set.Name, KeyType: nftables.TypeIPAddr, Dynamic: true, HasTimeout: true, Timeout: op.Set.Timeout, Size: affinitySetSize}
+		s := &nftables.Set{Table: b.t, Name: op.Set.Name, KeyType: nftables.TypeIPAddr, Dynamic: true, HasTimeout: true, Timeout: op.Set.Timeout, Size: AffinitySetSize}
 		if op.Set.V6 {
 			s.KeyType = nftables.TypeIP6Addr
 		}
@@ -742,14 +742,14 @@ func elemRun(ops []Op, i int) ([]nftables.SetElement, int, error) {
 		}
 		el := nftables.SetElement{Key: key}
 		switch {
-		case first.Map.Set || endpointKey(first.Map.Key):
+		case first.Map.Set || first.Map.Key.Endpoint():
 			if ops[j].Verdict != (Verdict{}) {
 				return nil, 0, fmt.Errorf("op %d: element of %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
 			}
 			if first.Kind != OpAddElem {
 				break
 			}
-			if err := checkElemData(first.Map.Key, ops[j].Data); err != nil {
+			if err := first.Map.Key.CheckData(ops[j].Data); err != nil {
 				return nil, 0, fmt.Errorf("op %d: element %s of %s: %w", j, ops[j].Key.Format(first.Map.Key), first.Map.Name, err)
 			}
 			if d := ops[j].Data; d.IsValid() {
@@ -863,10 +863,10 @@ func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
 // nlElemKey encodes a map key as the kernel stores concatenations: each
 // field padded to a multiple of 4 bytes.
 func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
-	if pairKey(kt) {
+	if kt.Pair() {
 		v6 := kt == KeyAddr6Pair
 		if !k.Addr.IsValid() || !k.Addr2.IsValid() || k.Addr.Is6() != v6 || k.Addr2.Is6() != v6 || k.Addr.Is4In6() || k.Addr2.Is4In6() {
-			return nil, fmt.Errorf("key %s: map %s needs two %s addresses", k, kt, addrType(v6))
+			return nil, fmt.Errorf("key %s: map %s needs two %s addresses", k, kt, AddrType(v6))
 		}
 		if k.Protocol != "" || k.Port != 0 {
 			return nil, fmt.Errorf("key %s: map %s takes no protocol or port", k, kt)
@@ -876,7 +876,7 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 	if k.Addr2.IsValid() {
 		return nil, fmt.Errorf("key %s: map %s takes one address", k, kt)
 	}
-	if k.Index != 0 && !endpointKey(kt) {
+	if k.Index != 0 && !kt.Endpoint() {
 		return nil, fmt.Errorf("key %s: map %s takes no index", k, kt)
 	}
 	proto, ok := l4proto[strings.ToUpper(k.Protocol)]
@@ -905,7 +905,7 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 	key = append(key, proto, 0, 0, 0)
 	key = binary.BigEndian.AppendUint16(key, k.Port)
 	key = append(key, 0, 0)
-	if endpointKey(kt) {
+	if kt.Endpoint() {
 		// numgen writes its draw in host byte order.
 		key = binary.NativeEndian.AppendUint32(key, k.Index)
 	}
@@ -934,9 +934,9 @@ func nlVerdict(v Verdict) (*expr.Verdict, error) {
 	return e, nil
 }
 
-// affinitySetSize bounds an affinity set (nft's default for a set that
+// AffinitySetSize bounds an affinity set (nft's default for a set that
 // rules update, which the kernel would report anyway).
-const affinitySetSize = 65535
+const AffinitySetSize = 65535
 
 // bytesPerMessage is the socket buffer a batch needs per message: its
 // share of the batch (sent in one sendmsg) and of the error answers, in
@@ -1014,7 +1014,7 @@ func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
 		}
 	}
 	for i, s := range r.Stmts {
-		if i > 0 && isTerminalStmt(r.Stmts[i-1]) {
+		if i > 0 && Terminal(r.Stmts[i-1]) {
 			return nil, fmt.Errorf("statement %d (%s) follows a terminal statement", i, stmtString(s))
 		}
 		switch s := s.(type) {
@@ -1093,7 +1093,7 @@ func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
 				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: make([]byte, 4)},
 			)
 		case MatchSet:
-			if _, addrKey := addrProtoPortKey(s.Key); !pairKey(s.Key) && (!addrKey || endpointKey(s.Key)) {
+			if _, addrKey := s.Key.AddrProtoPort(); !s.Key.Pair() && (!addrKey || s.Key.Endpoint()) {
 				return nil, fmt.Errorf("statement %d (%s): set key %s is neither an address pair nor address, protocol and port", i, s, s.Key)
 			}
 			e, err := nlMapLookup(MapLookup{Map: s.Set, Key: s.Key}, needFamily)

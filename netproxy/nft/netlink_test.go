@@ -689,10 +689,10 @@ func TestEncoderElemsMatchGoogle(t *testing.T) {
 		var e batchEncoder
 		e.elems(kind, table().Name, tc.m.Name, els)
 		if got := e.buf[unix.NLMSG_HDRLEN:]; !bytes.Equal(got, want.Data) {
-			t.Errorf("%s %s:\n got %x\nwant %x", describeOp(tc.ops[0]), tc.m.Name, got, want.Data)
+			t.Errorf("%s %s:\n got %x\nwant %x", tc.ops[0].String(), tc.m.Name, got, want.Data)
 		}
 		if typ, flags := binary.NativeEndian.Uint16(e.buf[4:]), binary.NativeEndian.Uint16(e.buf[6:]); typ != uint16(want.Header.Type) || flags != uint16(want.Header.Flags&^mnl.Acknowledge) {
-			t.Errorf("%s: type %#x flags %#x, want %#x %#x", describeOp(tc.ops[0]), typ, flags, want.Header.Type, want.Header.Flags&^mnl.Acknowledge)
+			t.Errorf("%s: type %#x flags %#x, want %#x %#x", tc.ops[0].String(), typ, flags, want.Header.Type, want.Header.Flags&^mnl.Acknowledge)
 		}
 	}
 }

@@ -425,7 +425,7 @@ func TestHashName(t *testing.T) {
 		t.Errorf("endpointReadable = %q, want %q", e, want)
 	}
 	long := strings.Repeat("n", 63) + "/" + strings.Repeat("s", 63) + "/sctp/" + strings.Repeat("p", 15) + "__" + strings.Repeat("f", 39) + "/65535"
-	if n := len(prefixEndpoint + hashName(long)); n > maxNameLen {
+	if n := len(prefixEndpoint + hashName(long)); n > MaxNameLen {
 		t.Errorf("longest endpoint chain name is %d bytes", n)
 	}
 }

@@ -112,7 +112,7 @@ func TestSyncIncrementalCost(t *testing.T) {
 			}
 			for _, op := range f.Last() {
 				if !opTouches(op, extra) && !opTouches(op, changed) {
-					t.Errorf("N=%d %s: op %s touches another service", n, step.name, describeOp(op))
+					t.Errorf("N=%d %s: op %s touches another service", n, step.name, op.String())
 				}
 			}
 			ops[ni] = append(ops[ni], got)
@@ -192,7 +192,7 @@ func TestSyncGroupedElementsOnly(t *testing.T) {
 			if op.Kind != OpAddElem && op.Kind != OpDelElem {
 				chains = true
 				if step.elemOnly {
-					t.Errorf("%s: op %s is not an element", step.name, describeOp(op))
+					t.Errorf("%s: op %s is not an element", step.name, op.String())
 				}
 			}
 		}

@@ -62,7 +62,7 @@ func (f *Fake) AddSetElement(set string, addr netip.Addr) error {
 		return fmt.Errorf("add element %s to set %s: no such set", addr, set)
 	}
 	if s := f.table.sets[set]; s.V6 != addr.Is6() {
-		return fmt.Errorf("add element %s to set %s: the set holds %s", addr, set, addrType(s.V6))
+		return fmt.Errorf("add element %s to set %s: the set holds %s", addr, set, AddrType(s.V6))
 	}
 	if f.affinity[set] == nil {
 		f.affinity[set] = map[netip.Addr]bool{}
@@ -103,7 +103,7 @@ func (f *Fake) Trace(p Packet, local func(netip.Addr) bool) ([]Outcome, error) {
 	if !p.Src.IsValid() || !p.Dst.IsValid() || p.Src.Is4() != p.Dst.Is4() {
 		return nil, fmt.Errorf("trace %s -> %s: want two addresses of one family", p.Src, p.Dst)
 	}
-	if _, ok := l4proto[p.Protocol]; !ok {
+	if _, ok := ProtocolNumber(p.Protocol); !ok {
 		return nil, fmt.Errorf("trace: protocol %q: want TCP, UDP or SCTP", p.Protocol)
 	}
 	if local == nil {
@@ -371,7 +371,7 @@ func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
 				return ruleResult{}, fmt.Errorf("set %s: no such set", s.Set)
 			}
 			k := MapKey{Addr: st.src, Addr2: st.dst}
-			v6, ok := addrProtoPortKey(s.Key)
+			v6, ok := s.Key.AddrProtoPort()
 			if ok {
 				k = MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port}
 			} else {
