@@ -4,11 +4,10 @@
 //
 // It holds the Table (table.go, services.go), which keeps the table equal
 // to a State (pod egress masquerade, hostPorts and Services) and applies
-// only the difference from the last applied state; the Ruleset seam it
-// applies through, whose transactions (Tx) are described in a small typed
-// language of chains, rules, maps and sets (ir.go); Netlink, the Ruleset
-// that sends each Tx to the kernel as one atomic netlink batch
-// (netlink.go); and Fake, the in-memory Ruleset for tests, which dumps
-// canonical nft text and traces packets through its rules (fake.go,
-// trace.go).
+// only the difference from the last applied state; the transactions (Tx)
+// it applies, described in a small typed language of chains, rules, maps
+// and sets (ir.go); and Netlink, which sends each Tx to the kernel as one
+// atomic netlink batch (netlink.go). The Table applies through anything
+// with Netlink's Apply and List (proxy.Ruleset); in tests that is
+// netproxy/nfttest's Fake, which also traces packets through its rules.
 package nft

@@ -13,8 +13,8 @@ import (
 
 // This file is the seam between what outpost wants in its table and how it
 // gets there. Rules are built from the statements below, each of which
-// prints as nft(8) syntax; a Tx is one atomic batch of changes; a Ruleset
-// applies a Tx to the kernel (netlink) or to the in-repo fake.
+// prints as nft(8) syntax; a Tx is one atomic batch of changes, which
+// Netlink applies to the kernel (and netproxy/nfttest's Fake to memory).
 
 // Stmt is one statement of a rule, printed in nft syntax.
 type Stmt interface {
@@ -515,8 +515,8 @@ func ipFamily(v6 bool) string {
 	return "ip"
 }
 
-// Tx is one batch of changes to the outpost table, applied atomically by a
-// Ruleset: either every op takes effect or none does. Ops apply in order;
+// Tx is one batch of changes to the outpost table, applied atomically
+// (by Netlink, or by a fake in tests): either every op takes effect or none does. Ops apply in order;
 // the table itself is created by the first op if it does not exist.
 type Tx struct {
 	Ops []Op
@@ -636,12 +636,4 @@ type Contents struct {
 	Chains []string
 	Maps   []string
 	Sets   []string
-}
-
-// Ruleset applies batches to one outpost table.
-type Ruleset interface {
-	// Apply applies tx atomically.
-	Apply(tx *Tx) error
-	// List returns what the table holds; an absent table holds nothing.
-	List() (Contents, error)
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/outpost-edge/outpost/netproxy"
 )
 
-// Netlink is the Ruleset that programs the kernel's outpost table over
+// Netlink is the Ruleset (proxy.Ruleset) that programs the kernel's outpost table over
 // nftables netlink. Apply sends a whole Tx as one batch, which the kernel
 // commits atomically; rules are translated into the expressions nft(8)
 // itself would generate, so `nft list table inet outpost` reads like the
@@ -1220,8 +1220,3 @@ func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
 	}
 	return append(e, &expr.Lookup{SourceRegister: nlReg1, SetName: s.Map, IsDestRegSet: true, DestRegister: 0}), nil
 }
-
-var (
-	_ Ruleset = (*Netlink)(nil)
-	_ Ruleset = (*Fake)(nil)
-)
