@@ -591,10 +591,14 @@ func (t *fakeTable) checkTarget(name string) error {
 func (t *fakeTable) checkRule(r nft.Rule) (nft.Rule, error) {
 	out := nft.Rule{Comment: r.Comment, Stmts: make([]nft.Stmt, 0, len(r.Stmts))}
 	for i, s := range r.Stmts {
-		if i > 0 && nft.Terminal(r.Stmts[i-1]) {
+		if i > 0 && r.Stmts[i-1].Info().Terminal {
 			return r, fmt.Errorf("statement %d (%s) follows a terminal statement and would never run: %w", i, stmtString(s), unix.EINVAL)
 		}
-		if err := t.checkStmt(s); err != nil {
+		k, ok := stmtKindOf(s)
+		if !ok {
+			return r, fmt.Errorf("statement %d (%s): unsupported statement type %T: %w", i, stmtString(s), s, unix.EOPNOTSUPP)
+		}
+		if err := k.check(t, s); err != nil {
 			return r, fmt.Errorf("statement %d (%s): %w", i, stmtString(s), err)
 		}
 		out.Stmts = append(out.Stmts, s)
@@ -610,122 +614,20 @@ func stmtString(s nft.Stmt) string {
 	return s.String()
 }
 
-func (t *fakeTable) checkStmt(s nft.Stmt) error {
-	switch s := s.(type) {
-	case nft.MatchFamily, nft.MatchAddrType, nft.MatchMark, nft.SetMark, nft.MatchDNATed, nft.Masquerade, nft.Reject:
-	case nft.MatchAddr:
-		if !s.Prefix.IsValid() {
-			return fmt.Errorf("invalid prefix: %w", unix.EINVAL)
-		}
-	case nft.MatchProtoPort:
-		if _, ok := nft.ProtocolNumber(strings.ToUpper(s.Protocol)); !ok {
-			return fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", s.Protocol, unix.EINVAL)
-		}
-	case nft.MapLookup:
-		if err := checkKeyType(s.Key); err != nil {
-			return err
-		}
-		m := t.maps[s.Map]
-		if m == nil {
-			return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
-		}
-		if m.key != s.Key {
-			return fmt.Errorf("map %q has key %s, lookup loads %s: %w", s.Map, m.key, s.Key, unix.EINVAL)
-		}
-		if m.set || m.key.Endpoint() {
-			return fmt.Errorf("map %q does not map to verdicts: %w", s.Map, unix.EINVAL)
-		}
-	case nft.MatchRandom:
-		if s.Mod == 0 {
-			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
-		}
-	case nft.MatchSet:
-		m := t.maps[s.Set]
-		if m == nil {
-			return fmt.Errorf("set %q: no such set: %w", s.Set, unix.ENOENT)
-		}
-		if !m.set {
-			return fmt.Errorf("%q is a map, not a set: %w", s.Set, unix.EINVAL)
-		}
-		if _, addrKey := s.Key.AddrProtoPort(); m.key != s.Key || !s.Key.Pair() && (!addrKey || s.Key.Endpoint()) {
-			return fmt.Errorf("set %q has key %s, lookup loads %s: %w", s.Set, m.key, s.Key, unix.EINVAL)
-		}
-	case nft.SetLookup:
-		return t.checkSet(s.Set, s.V6)
-	case nft.SetUpdate:
-		return t.checkSet(s.Set, s.V6)
-	case nft.DNAT:
-		if !s.Addr.IsValid() || s.Addr.Is4In6() {
-			return fmt.Errorf("address %s: want an IPv4 or IPv6 address: %w", s.Addr, unix.EINVAL)
-		}
-		if s.Port == 0 {
-			return fmt.Errorf("port 0: %w", unix.EINVAL)
-		}
-	case nft.DNATMap:
-		if s.Mod == 0 {
-			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
-		}
-		m := t.maps[s.Map]
-		if m == nil {
-			return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
-		}
-		if want := pickKey(s.V6, nft.KeyAddr4ProtoPortIndex, nft.KeyAddr6ProtoPortIndex); m.key != want {
-			return fmt.Errorf("map %q has key %s, dnat loads %s: %w", s.Map, m.key, want, unix.EINVAL)
-		}
-	case nft.VerdictStmt:
-		return t.checkVerdict(s.Verdict)
-	default:
-		return fmt.Errorf("unsupported statement type %T: %w", s, unix.EOPNOTSUPP)
-	}
-	return nil
-}
-
-func (t *fakeTable) checkSet(name string, v6 bool) error {
-	s := t.sets[name]
-	if s == nil {
-		return fmt.Errorf("set %q: no such set: %w", name, unix.ENOENT)
-	}
-	if s.V6 != v6 {
-		return fmt.Errorf("set %q holds %s: %w", name, nft.AddrType(s.V6), unix.EINVAL)
-	}
-	return nil
-}
-
-// stmtTargets returns the chains a statement can jump or go to, and the map
-// it looks up.
-func stmtTargets(s nft.Stmt) (chains []string, vmap string) {
-	switch s := s.(type) {
-	case nft.VerdictStmt:
-		if s.Verdict.Chain != "" {
-			return []string{s.Verdict.Chain}, ""
-		}
-	case nft.MapLookup:
-		return nil, s.Map
-	case nft.MatchSet:
-		return nil, s.Set
-	case nft.DNATMap:
-		return nil, s.Map
-	}
-	return nil, ""
-}
-
 // refRule counts (d = 1) or uncounts (d = -1) what a rule of chain
 // refers to.
 func (x *fakeTx) refRule(chain string, r nft.Rule, d int) {
 	t := x.t
 	for _, s := range r.Stmts {
-		targets, vmap := stmtTargets(s)
-		for _, c := range targets {
-			x.bump2(t.ruleRefs, c, chain, d)
+		info := s.Info()
+		if info.Chain != "" {
+			x.bump2(t.ruleRefs, info.Chain, chain, d)
 		}
-		if vmap != "" {
-			x.bump2(t.mapUsers, vmap, chain, d)
+		if info.Map != "" {
+			x.bump2(t.mapUsers, info.Map, chain, d)
 		}
-		switch s := s.(type) {
-		case nft.SetLookup:
-			x.bump(t.setRefs, s.Set, d)
-		case nft.SetUpdate:
-			x.bump(t.setRefs, s.Set, d)
+		if info.Set != "" {
+			x.bump(t.setRefs, info.Set, d)
 		}
 	}
 }
@@ -867,15 +769,16 @@ func (w *commitWalker) walk(chain string, ctx walkCtx) (int, error) {
 	}
 	for _, r := range w.t.chains[chain].rules {
 		for _, s := range r.Stmts {
-			if err := allowedIn(s, ctx); err != nil {
+			info := s.Info()
+			if err := info.AllowedIn(ctx.typ, ctx.hook); err != nil {
 				return 0, fmt.Errorf("chain %s: %s: %w", chain, s, err)
 			}
-			targets, vmap := stmtTargets(s)
-			for _, c := range targets {
-				if err := next(c); err != nil {
+			if info.Chain != "" {
+				if err := next(info.Chain); err != nil {
 					return 0, err
 				}
 			}
+			vmap := info.Map
 			if vmap == "" {
 				continue
 			}
@@ -904,26 +807,6 @@ func (w *commitWalker) walk(chain string, ctx walkCtx) (int, error) {
 	}
 	w.height[k] = depth
 	return depth, nil
-}
-
-// allowedIn reports (as an error) whether s may run in a chain of base
-// chain b's type and hook.
-func allowedIn(s nft.Stmt, b walkCtx) error {
-	switch s.(type) {
-	case nft.DNAT, nft.DNATMap:
-		if b.typ != nft.ChainTypeNAT || (b.hook != nft.HookPrerouting && b.hook != nft.HookOutput) {
-			return fmt.Errorf("only in nat prerouting and output chains: %w", unix.EOPNOTSUPP)
-		}
-	case nft.Masquerade:
-		if b.typ != nft.ChainTypeNAT || b.hook != nft.HookPostrouting {
-			return fmt.Errorf("only in nat postrouting chains: %w", unix.EOPNOTSUPP)
-		}
-	case nft.Reject:
-		if b.hook != nft.HookInput && b.hook != nft.HookForward && b.hook != nft.HookOutput {
-			return fmt.Errorf("only in input, forward and output chains: %w", unix.EOPNOTSUPP)
-		}
-	}
-	return nil
 }
 
 func compareMapKeys(a, b nft.MapKey) int {
@@ -1028,17 +911,10 @@ func nftDuration(d time.Duration) string {
 func nftRule(r nft.Rule) string {
 	parts := make([]string, 0, len(r.Stmts)+1)
 	for i, s := range r.Stmts {
-		switch s := s.(type) {
-		case nft.MatchFamily:
-			if loadsAddr(r.Stmts[i+1:], s.V6) {
-				continue // nft leaves out the dependency
+		if k, ok := stmtKindOf(s); ok && k.list != nil {
+			if text, ok := k.list(s, r.Stmts[i+1:]); ok {
+				parts = append(parts, text)
 			}
-		case nft.MatchProtoPort:
-			if s.Port != 0 {
-				parts = append(parts, fmt.Sprintf("%s dport %d", strings.ToLower(s.Protocol), s.Port))
-				continue
-			}
-			parts = append(parts, "meta l4proto "+strings.ToLower(s.Protocol))
 			continue
 		}
 		parts = append(parts, s.String())
@@ -1047,45 +923,4 @@ func nftRule(r nft.Rule) string {
 		parts = append(parts, fmt.Sprintf("comment %q", r.Comment))
 	}
 	return strings.Join(parts, " ")
-}
-
-// loadsAddr reports whether one of stmts loads an address of the family
-// (so needs `meta nfproto` before it in an inet table).
-func loadsAddr(stmts []nft.Stmt, v6 bool) bool {
-	for _, s := range stmts {
-		if fam, ok := addrFamily(s); ok && fam == v6 {
-			return true
-		}
-	}
-	return false
-}
-
-// addrFamily returns whether s loads an IPv6 (true) or IPv4 (false)
-// header field; ok is false when it loads none.
-func addrFamily(s nft.Stmt) (v6, ok bool) {
-	switch s := s.(type) {
-	case nft.MatchAddr:
-		return s.Prefix.Addr().Is6(), true
-	case nft.MapLookup:
-		return s.Key.AddrProtoPort()
-	case nft.MatchSet:
-		if s.Key.Pair() {
-			return s.Key == nft.KeyAddr6Pair, true
-		}
-		return s.Key.AddrProtoPort()
-	case nft.DNATMap:
-		return s.V6, true
-	case nft.SetLookup:
-		return s.V6, true
-	case nft.SetUpdate:
-		return s.V6, true
-	}
-	return false, false
-}
-
-func pickKey(v6 bool, v4, v6key nft.KeyType) nft.KeyType {
-	if v6 {
-		return v6key
-	}
-	return v4
 }

@@ -220,6 +220,9 @@ func (tr *tracer) nextHook(st *traceState) (nft.Hook, bool) {
 type ruleResult struct {
 	verdict *nft.Verdict
 	stop    bool
+	// next: the statement matched (or acted) and the rule goes on; only
+	// a statement's result (stmt.go) has it.
+	next bool
 }
 
 // run follows one way of the packet to its end.
@@ -290,161 +293,20 @@ func (tr *tracer) verdict(st *traceState, v nft.Verdict) bool {
 	return false
 }
 
-var traceAccept = ruleResult{verdict: &nft.Verdict{Kind: nft.VerdictAccept}}
-
-// evalRule runs a rule's statements until one does not match (the zero
-// result) or one decides.
+// evalRule runs a rule's statements (each by its entry in stmt.go) until
+// one does not match (the zero result) or one decides.
 func (tr *tracer) evalRule(st *traceState, r nft.Rule) (ruleResult, error) {
 	for _, s := range r.Stmts {
-		switch s := s.(type) {
-		case nft.MatchFamily:
-			if st.v6() != s.V6 {
-				return ruleResult{}, nil
-			}
-		case nft.MatchAddr:
-			a := st.src
-			if s.Dst {
-				a = st.dst
-			}
-			if s.Prefix.Addr().Is6() != st.v6() || s.Prefix.Contains(a) == s.Not {
-				return ruleResult{}, nil
-			}
-		case nft.MatchProtoPort:
-			if !strings.EqualFold(s.Protocol, st.proto) || (s.Port != 0 && s.Port != st.port) {
-				return ruleResult{}, nil
-			}
-		case nft.MatchAddrType:
-			a := st.src
-			if s.Dst {
-				a = st.dst
-			}
-			if tr.local(a) == s.Not {
-				return ruleResult{}, nil
-			}
-		case nft.MatchMark:
-			if (st.mark&s.Bit != 0) != s.Set {
-				return ruleResult{}, nil
-			}
-		case nft.SetMark:
-			if s.Xor {
-				st.mark ^= s.Bit
-			} else {
-				st.mark |= s.Bit
-			}
-		case nft.MatchDNATed:
-			if !st.dnated {
-				return ruleResult{}, nil
-			}
-		case nft.MapLookup:
-			m := tr.t.maps[s.Map]
-			if m == nil {
-				return ruleResult{}, fmt.Errorf("map %s: no such map", s.Map)
-			}
-			k := nft.MapKey{Protocol: st.proto, Port: st.port}
-			switch m.key {
-			case nft.KeyAddr4ProtoPort, nft.KeyAddr6ProtoPort:
-				if st.v6() != (m.key == nft.KeyAddr6ProtoPort) {
-					return ruleResult{}, nil
-				}
-				k.Addr = st.dst
-			case nft.KeyAddr4Pair, nft.KeyAddr6Pair:
-				if st.v6() != (m.key == nft.KeyAddr6Pair) {
-					return ruleResult{}, nil
-				}
-				k = nft.MapKey{Addr: st.src, Addr2: st.dst}
-			}
-			v, ok := m.elems[k]
-			if !ok {
-				return ruleResult{}, nil
-			}
-			return ruleResult{verdict: &v.Verdict}, nil
-		case nft.MatchRandom:
-			if s.Mod > 1 {
-				// Both ways happen: this copy goes on with the next
-				// rule, as if numgen had not drawn 0.
-				miss := st.clone()
-				miss.out.Share *= float64(s.Mod-1) / float64(s.Mod)
-				tr.forks = append(tr.forks, miss)
-				st.out.Share /= float64(s.Mod)
-			}
-		case nft.MatchSet:
-			m := tr.t.maps[s.Set]
-			if m == nil {
-				return ruleResult{}, fmt.Errorf("set %s: no such set", s.Set)
-			}
-			k := nft.MapKey{Addr: st.src, Addr2: st.dst}
-			v6, ok := s.Key.AddrProtoPort()
-			if ok {
-				k = nft.MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port}
-			} else {
-				v6 = s.Key == nft.KeyAddr6Pair
-			}
-			if st.v6() != v6 {
-				return ruleResult{}, nil
-			}
-			if _, ok := m.elems[k]; !ok {
-				return ruleResult{}, nil
-			}
-		case nft.SetLookup:
-			if s.V6 != st.v6() || !tr.affinity[s.Set][st.src] {
-				return ruleResult{}, nil
-			}
-		case nft.SetUpdate:
-			if s.V6 != st.v6() {
-				return ruleResult{}, nil
-			}
-			st.out.AffinityUpdates = append(st.out.AffinityUpdates, s.Set)
-		case nft.DNAT:
-			if s.Addr.Is6() != st.v6() {
-				continue // the kernel's inet nat ignores the other family
-			}
-			st.dnat(netip.AddrPortFrom(s.Addr, s.Port))
-			return traceAccept, nil
-		case nft.DNATMap:
-			if s.V6 != st.v6() {
-				return ruleResult{}, nil // the key's load needs the family
-			}
-			m := tr.t.maps[s.Map]
-			if m == nil {
-				return ruleResult{}, fmt.Errorf("map %s: no such map", s.Map)
-			}
-			// Each draw is followed: those the map has no element for
-			// go on with the next rule together, the others DNAT.
-			var hits []netip.AddrPort
-			for i := range s.Mod {
-				if e, ok := m.elems[nft.MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port, Index: i}]; ok {
-					hits = append(hits, e.data)
-				}
-			}
-			if len(hits) == 0 {
-				return ruleResult{}, nil
-			}
-			share := st.out.Share / float64(s.Mod)
-			if miss := int(s.Mod) - len(hits); miss > 0 {
-				f := st.clone()
-				f.out.Share = share * float64(miss)
-				tr.forks = append(tr.forks, f)
-			}
-			for _, d := range hits[1:] {
-				f := st.clone()
-				f.out.Share = share
-				f.dnat(d)
-				tr.verdict(f, *traceAccept.verdict)
-				tr.forks = append(tr.forks, f)
-			}
-			st.out.Share = share
-			st.dnat(hits[0])
-			return traceAccept, nil
-		case nft.Masquerade:
-			st.out.Masquerade, st.natted = true, true
-			return traceAccept, nil
-		case nft.Reject:
-			st.out.Rejected = true
-			return ruleResult{stop: true}, nil
-		case nft.VerdictStmt:
-			return ruleResult{verdict: &s.Verdict}, nil
-		default:
+		k, ok := stmtKindOf(s)
+		if !ok {
 			return ruleResult{}, fmt.Errorf("statement %T: the tracer does not know it", s)
+		}
+		res, err := k.eval(tr, st, s)
+		if err != nil {
+			return ruleResult{}, err
+		}
+		if !res.next {
+			return res, nil
 		}
 	}
 	return ruleResult{}, nil

@@ -197,10 +197,6 @@ func TestTraceNATOnce(t *testing.T) {
 	}
 }
 
-type bogusStmt struct{}
-
-func (bogusStmt) String() string { return "bogus" }
-
 func TestTraceErrors(t *testing.T) {
 	f := NewFake()
 	tx := &nft.Tx{}
@@ -217,9 +213,11 @@ func TestTraceErrors(t *testing.T) {
 			t.Errorf("Trace(%+v) succeeded", p)
 		}
 	}
-	// Apply refuses unknown statements; put one in behind its back.
-	f.table.chains[mpNatPre.Name].rules = []nft.Rule{{Stmts: []nft.Stmt{bogusStmt{}}}}
-	if _, err := f.Trace(Packet{Src: mpClient, Dst: mpClusterIP, Protocol: "TCP", Port: 1}, nil); err == nil || !strings.Contains(err.Error(), "bogusStmt") {
+	// Apply refuses unknown statements (only nft's statement types are
+	// statements, and a pointer to one is not); put one in behind its
+	// back.
+	f.table.chains[mpNatPre.Name].rules = []nft.Rule{{Stmts: []nft.Stmt{&nft.MatchDNATed{}}}}
+	if _, err := f.Trace(Packet{Src: mpClient, Dst: mpClusterIP, Protocol: "TCP", Port: 1}, nil); err == nil || !strings.Contains(err.Error(), "*nft.MatchDNATed") {
 		t.Errorf("Trace over an unknown statement = %v", err)
 	}
 	// A loop (which Apply refuses too).
