@@ -23,7 +23,7 @@ import (
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/promtext"
-	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
@@ -96,7 +96,7 @@ spec:
 	if err := st.Services().Put(store.SourceStatic, svc); err != nil {
 		t.Fatal(err)
 	}
-	px, err := proxy.New(proxy.Config{Node: "n1", PodCIDR: netip.MustParsePrefix("10.42.0.0/24")}, proxy.Deps{Store: st, Ruleset: nft.NewFake(), Log: log})
+	px, err := proxy.New(proxy.Config{Node: "n1", PodCIDR: netip.MustParsePrefix("10.42.0.0/24")}, proxy.Deps{Store: st, Ruleset: nfttest.NewFake(), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

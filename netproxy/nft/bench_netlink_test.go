@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"fmt"
@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/outpost-edge/outpost/internal/netnstest"
+	"github.com/outpost-edge/outpost/netproxy/nft"
 )
 
 // benchNetlinkSizes are the numbers of Services (5 endpoints each) the
@@ -31,8 +34,8 @@ func BenchmarkNetlinkColdSync(b *testing.B) {
 			for range b.N {
 				// The namespaces stay open until the end, so the kernel does
 				// not tear down the last table while the next one is timed.
-				rs := &syncTimer{Ruleset: NewNetlink(benchNetNS(b))}
-				tb := NewTable(rs)
+				rs := &syncTimer{ruleset: nft.NewNetlink(benchNetNS(b))}
+				tb := nft.NewTable(rs)
 				b.StartTimer()
 				got, err := tb.Sync(s)
 				b.StopTimer()
@@ -63,14 +66,14 @@ func BenchmarkNetlinkUpdateOne(b *testing.B) {
 			changed := extra
 			changed.Endpoints = slices.Clone(extra.Endpoints[1:])
 			added, modified := withServices(base, extra), withServices(base, changed)
-			rs := &syncTimer{Ruleset: NewNetlink(benchNetNS(b))}
-			tb := NewTable(rs)
+			rs := &syncTimer{ruleset: nft.NewNetlink(benchNetNS(b))}
+			tb := nft.NewTable(rs)
 			if _, err := tb.Sync(base); err != nil {
 				b.Fatalf("sync %d services: %v", n, err)
 			}
 			for _, step := range []struct {
 				name          string
-				before, after State
+				before, after nft.State
 			}{
 				{"add", base, added},
 				{"change", added, modified},
@@ -116,7 +119,7 @@ func benchRequireNetlink(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root: creates network namespaces and nftables tables (run as root, e.g. sudo make bench)")
 	}
-	if err := Available(); err != nil {
+	if err := nft.Available(); err != nil {
 		b.Skipf("no nftables netlink in this kernel: %v", err)
 	}
 }
@@ -127,7 +130,7 @@ func benchRequireNetlink(b *testing.B) {
 // made.
 func benchNetNS(b *testing.B) int {
 	b.Helper()
-	fd, err := createNetNS()
+	fd, err := netnstest.Create()
 	if err != nil {
 		b.Skipf("cannot create a network namespace: %v", err)
 	}

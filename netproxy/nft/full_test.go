@@ -1,11 +1,16 @@
-package nft
+package nft_test
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
+)
 
 // TestTableFull: Full tells whether the next Sync is a full one.
 func TestTableFull(t *testing.T) {
-	r := &failing{Fake: NewFake()}
-	tb := NewTable(r)
+	r := &failing{Fake: nfttest.NewFake()}
+	tb := nft.NewTable(r)
 	check := func(when string, want bool) {
 		t.Helper()
 		if got := tb.Full(); got != want {

@@ -90,6 +90,13 @@ func normalize(hostPorts []HostPort) ([]HostPort, error) {
 // their IP protocol numbers.
 var l4proto = map[string]byte{"TCP": unix.IPPROTO_TCP, "UDP": unix.IPPROTO_UDP, "SCTP": unix.IPPROTO_SCTP}
 
+// ProtocolNumber returns the IP protocol number of TCP, UDP or SCTP (in
+// upper case); ok is false for any other name.
+func ProtocolNumber(name string) (n byte, ok bool) {
+	n, ok = l4proto[name]
+	return n, ok
+}
+
 // What follows is shared by the netlink translation (netlink.go): the
 // table, the socket buffers, and the expressions of the simple matches.
 

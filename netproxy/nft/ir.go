@@ -5,17 +5,16 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/outpost-edge/outpost/netproxy"
 )
 
 // This file is the seam between what outpost wants in its table and how it
-// gets there. Rules are built from the statements below, each of which
-// prints as nft(8) syntax; a Tx is one atomic batch of changes; a Ruleset
-// applies a Tx to the kernel (netlink) or to the in-repo fake.
-
-// Stmt is one statement of a rule, printed in nft syntax.
-type Stmt interface {
-	String() string
-}
+// gets there. Rules are built from the statements of stmt.go, each of
+// which prints as nft(8) syntax; a Tx is one atomic batch of changes, which
+// Netlink applies to the kernel (and netproxy/nfttest's Fake to memory).
 
 // Rule is an ordered list of statements.
 type Rule struct {
@@ -98,16 +97,16 @@ const (
 	KeyAddr6ProtoPortIndex KeyType = "ipv6_addr . inet_proto . inet_service . mark"
 )
 
-// pairKey reports whether k is an address pair.
-func pairKey(k KeyType) bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
+// Pair reports whether k is an address pair.
+func (k KeyType) Pair() bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
 
-// endpointKey reports whether k is the key of an endpoint map (whose
+// Endpoint reports whether k is the key of an endpoint map (whose
 // elements map to an address and port, not to a verdict).
-func endpointKey(k KeyType) bool { return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex }
+func (k KeyType) Endpoint() bool { return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex }
 
-// addrProtoPortKey reports whether k starts with a destination address,
+// AddrProtoPort reports whether k starts with a destination address,
 // protocol and port, and which family the address is.
-func addrProtoPortKey(k KeyType) (v6, ok bool) {
+func (k KeyType) AddrProtoPort() (v6, ok bool) {
 	switch k {
 	case KeyAddr4ProtoPort, KeyAddr4ProtoPortIndex:
 		return false, true
@@ -117,9 +116,9 @@ func addrProtoPortKey(k KeyType) (v6, ok bool) {
 	return false, false
 }
 
-// dataType is what the elements of a map with key k map to, as nft
+// DataType is what the elements of a map with key k map to, as nft
 // prints it.
-func dataType(k KeyType) string {
+func (k KeyType) DataType() string {
 	switch k {
 	case KeyAddr4ProtoPortIndex:
 		return "ipv4_addr . inet_service"
@@ -127,6 +126,46 @@ func dataType(k KeyType) string {
 		return "ipv6_addr . inet_service"
 	}
 	return "verdict"
+}
+
+// CheckData checks what an element of a map with key k maps to: an
+// endpoint of the key's family in an endpoint map, nothing elsewhere.
+func (k KeyType) CheckData(d netip.AddrPort) error {
+	if !k.Endpoint() {
+		if d.IsValid() {
+			return fmt.Errorf("map %s takes no endpoint (%s): %w", k, d, unix.EINVAL)
+		}
+		return nil
+	}
+	v6 := k == KeyAddr6ProtoPortIndex
+	if a := d.Addr(); !a.IsValid() || a.Is6() != v6 || a.Is4In6() || d.Port() == 0 {
+		return fmt.Errorf("endpoint %s: want an %s and a port: %w", d, AddrType(v6), unix.EINVAL)
+	}
+	return nil
+}
+
+// AddrType is nft's name of an address type: ipv4_addr or ipv6_addr.
+func AddrType(v6 bool) string {
+	if v6 {
+		return "ipv6_addr"
+	}
+	return "ipv4_addr"
+}
+
+// MaxNameLen is the longest chain, set or map name the kernel takes
+// (NFT_NAME_MAXLEN, 256 with the NUL).
+const MaxNameLen = 255
+
+// CheckName checks a chain, set or map name as the kernel does; what
+// says which it is.
+func CheckName(what, name string) error {
+	if name == "" {
+		return fmt.Errorf("%s name is empty: %w", what, unix.EINVAL)
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("%s name is %d bytes, the kernel takes at most %d: %w", what, len(name), MaxNameLen, unix.ENAMETOOLONG)
+	}
+	return nil
 }
 
 // Map is a named verdict map or, with Set, a plain set of keys whose
@@ -166,7 +205,7 @@ func (k MapKey) String() string {
 // Format prints the key as nft prints a key of type kt (the draw of an
 // endpoint key as a mark, 0x00000001).
 func (k MapKey) Format(kt KeyType) string {
-	if endpointKey(kt) {
+	if kt.Endpoint() {
 		return fmt.Sprintf("%s . 0x%08x", k.format(), k.Index)
 	}
 	return k.format()
@@ -223,239 +262,8 @@ func Jump(chain string) Verdict { return Verdict{Kind: VerdictJump, Chain: chain
 // Goto returns the verdict `goto chain`.
 func Goto(chain string) Verdict { return Verdict{Kind: VerdictGoto, Chain: chain} }
 
-// Statements. Address matches take the family from the address or prefix.
-
-// MatchFamily is `meta nfproto ipv4|ipv6`.
-type MatchFamily struct{ V6 bool }
-
-func (m MatchFamily) String() string { return "meta nfproto " + ipv(m.V6) }
-
-// MatchAddr is `ip saddr|daddr [!=] prefix`.
-type MatchAddr struct {
-	Dst    bool
-	Not    bool
-	Prefix netip.Prefix
-}
-
-func (m MatchAddr) String() string {
-	dir := "saddr"
-	if m.Dst {
-		dir = "daddr"
-	}
-	op := ""
-	if m.Not {
-		op = "!= "
-	}
-	p := m.Prefix.String()
-	if m.Prefix.IsSingleIP() {
-		p = m.Prefix.Addr().String()
-	}
-	return fmt.Sprintf("%s %s %s%s", ipFamily(m.Prefix.Addr().Is6()), dir, op, p)
-}
-
-// MatchProtoPort is `meta l4proto <proto> th dport <port>`; Port 0 matches
-// the protocol only.
-type MatchProtoPort struct {
-	Protocol string // TCP, UDP or SCTP
-	Port     uint16
-}
-
-func (m MatchProtoPort) String() string {
-	s := "meta l4proto " + strings.ToLower(m.Protocol)
-	if m.Port != 0 {
-		s += fmt.Sprintf(" th dport %d", m.Port)
-	}
-	return s
-}
-
-// MatchAddrType is `fib saddr|daddr type local`.
-type MatchAddrType struct {
-	Dst bool
-	Not bool
-}
-
-func (m MatchAddrType) String() string {
-	dir, op := "saddr", ""
-	if m.Dst {
-		dir = "daddr"
-	}
-	if m.Not {
-		op = "!= "
-	}
-	return fmt.Sprintf("fib %s type %slocal", dir, op)
-}
-
-// MatchMark is `meta mark & <bit> != 0` (Set) or `== 0`.
-type MatchMark struct {
-	Bit uint32
-	Set bool
-}
-
-func (m MatchMark) String() string {
-	op := "=="
-	if m.Set {
-		op = "!="
-	}
-	return fmt.Sprintf("meta mark & 0x%08x %s 0x00000000", m.Bit, op)
-}
-
-// SetMark is `meta mark set meta mark | <or>` (Xor false) or
-// `meta mark set meta mark ^ <bit>` (Xor true).
-type SetMark struct {
-	Bit uint32
-	Xor bool
-}
-
-func (s SetMark) String() string {
-	op := "|"
-	if s.Xor {
-		op = "^"
-	}
-	return fmt.Sprintf("meta mark set meta mark %s 0x%08x", op, s.Bit)
-}
-
-// MatchDNATed is `ct status dnat`.
-type MatchDNATed struct{}
-
-func (MatchDNATed) String() string { return "ct status dnat" }
-
-// MapLookup is `ip daddr . meta l4proto . th dport vmap @map` (or without
-// the address for KeyProtoPort maps, or `ip saddr . ip daddr vmap @map`
-// for pair maps).
-type MapLookup struct {
-	Map string
-	Key KeyType
-}
-
-func (m MapLookup) String() string {
-	switch m.Key {
-	case KeyAddr4Pair:
-		return "ip saddr . ip daddr vmap @" + m.Map
-	case KeyAddr6Pair:
-		return "ip6 saddr . ip6 daddr vmap @" + m.Map
-	case KeyAddr4ProtoPort:
-		return "ip daddr . meta l4proto . th dport vmap @" + m.Map
-	case KeyAddr6ProtoPort:
-		return "ip6 daddr . meta l4proto . th dport vmap @" + m.Map
-	}
-	return "meta l4proto . th dport vmap @" + m.Map
-}
-
-// MatchRandom is `numgen random mod N 0`: it matches one packet in N, at
-// random. A chain balances over k endpoints with k rules, the i-th (from
-// 0) matching with MatchRandom{Mod: k-i} before its goto and the last
-// with none, so each endpoint is chosen with probability 1/k, as
-// iptables' statistic cascade does. It replaces a `numgen random mod k
-// vmap { … }` whose anonymous map would make the kernel walk the whole
-// transaction once per Service (__nft_set_trans_bind), so that a cold
-// sync of 10,000 Services took minutes.
-type MatchRandom struct{ Mod uint32 }
-
-func (m MatchRandom) String() string { return fmt.Sprintf("numgen random mod %d 0", m.Mod) }
-
-// MatchSet is `ip saddr . ip daddr @set`: the packet's source and
-// destination are an element of a plain set (Map.Set) with a pair key;
-// or, with an address, protocol and port key, `ip daddr . meta l4proto .
-// th dport @set`.
-type MatchSet struct {
-	Set string
-	Key KeyType // KeyAddr4Pair, KeyAddr6Pair, KeyAddr4ProtoPort or KeyAddr6ProtoPort
-}
-
-func (m MatchSet) String() string {
-	if v6, ok := addrProtoPortKey(m.Key); ok {
-		return ipFamily(v6) + " daddr . meta l4proto . th dport @" + m.Set
-	}
-	f := ipFamily(m.Key == KeyAddr6Pair)
-	return f + " saddr . " + f + " daddr @" + m.Set
-}
-
-// SetLookup is `ip saddr @set` (session affinity: the client was sent to
-// this set's endpoint before and has not timed out).
-type SetLookup struct {
-	Set string
-	V6  bool
-}
-
-func (s SetLookup) String() string { return ipFamily(s.V6) + " saddr @" + s.Set }
-
-// SetUpdate is `update @set { ip saddr }`: adds or refreshes the client in
-// the set with the set's timeout.
-type SetUpdate struct {
-	Set string
-	V6  bool
-}
-
-func (s SetUpdate) String() string { return "update @" + s.Set + " { " + ipFamily(s.V6) + " saddr }" }
-
-// DNAT is `dnat ip to addr:port`.
-type DNAT struct {
-	Addr netip.Addr
-	Port uint16
-}
-
-func (d DNAT) String() string {
-	return fmt.Sprintf("dnat %s to %s", ipFamily(d.Addr.Is6()), netip.AddrPortFrom(d.Addr, d.Port))
-}
-
-// DNATMap is `dnat ip to ip daddr . meta l4proto . th dport . numgen
-// random mod <Mod> map @<Map>`: it draws one of Mod endpoints at random
-// and DNATs to the address and port the endpoint map (key
-// KeyAddr4ProtoPortIndex, or KeyAddr6ProtoPortIndex with V6) holds for
-// the packet's destination, protocol, port and draw. When the map holds
-// no such element the rule does not match and the next one runs. One
-// rule serves every Service with Mod endpoints, so adding, changing or
-// removing such a Service changes map elements only, which the kernel
-// does not check the table for at commit (a new rule or jump makes it
-// walk every chain).
-type DNATMap struct {
-	Map string
-	V6  bool
-	Mod uint32
-}
-
-func (d DNATMap) String() string {
-	f := ipFamily(d.V6)
-	return fmt.Sprintf("dnat %s to %s daddr . meta l4proto . th dport . numgen random mod %d map @%s", f, f, d.Mod, d.Map)
-}
-
-// Masquerade is `masquerade [fully-random]`.
-type Masquerade struct{ FullyRandom bool }
-
-func (m Masquerade) String() string {
-	if m.FullyRandom {
-		return "masquerade fully-random"
-	}
-	return "masquerade"
-}
-
-// Reject is `reject` (ICMP port unreachable, which a TCP client sees as
-// connection refused).
-type Reject struct{}
-
-func (Reject) String() string { return "reject" }
-
-// VerdictStmt ends a rule with a verdict.
-type VerdictStmt struct{ Verdict Verdict }
-
-func (v VerdictStmt) String() string { return v.Verdict.String() }
-
-func ipv(v6 bool) string {
-	if v6 {
-		return "ipv6"
-	}
-	return "ipv4"
-}
-
-func ipFamily(v6 bool) string {
-	if v6 {
-		return "ip6"
-	}
-	return "ip"
-}
-
-// Tx is one batch of changes to the outpost table, applied atomically by a
-// Ruleset: either every op takes effect or none does. Ops apply in order;
+// Tx is one batch of changes to the outpost table, applied atomically
+// (by Netlink, or by a fake in tests): either every op takes effect or none does. Ops apply in order;
 // the table itself is created by the first op if it does not exist.
 type Tx struct {
 	Ops []Op
@@ -490,6 +298,35 @@ type Op struct {
 	// Data is what an OpAddElem to an endpoint map maps its key to.
 	Data netip.AddrPort
 	Set  AddrSet // OpAddSet, OpDelSet
+}
+
+// String names the op for an error: `add rule to chain svc-x`.
+func (op Op) String() string {
+	switch op.Kind {
+	case OpAddChain:
+		return "add chain " + op.Chain.Name
+	case OpFlushChain:
+		return "flush chain " + op.Chain.Name
+	case OpDelChain:
+		return "delete chain " + op.Chain.Name
+	case OpAddRule:
+		return "add rule to chain " + op.Chain.Name
+	case OpAddMap:
+		return "add map " + op.Map.Name
+	case OpDelMap:
+		return "delete map " + op.Map.Name
+	case OpAddElem:
+		return fmt.Sprintf("add element %s to map %s", op.Key, op.Map.Name)
+	case OpDelElem:
+		return fmt.Sprintf("delete element %s from map %s", op.Key, op.Map.Name)
+	case OpAddSet:
+		return "add set " + op.Set.Name
+	case OpDelSet:
+		return "delete set " + op.Set.Name
+	case OpDelTable:
+		return "delete table " + netproxy.TableName
+	}
+	return fmt.Sprintf("op kind %d", int(op.Kind))
 }
 
 // AddChain appends OpAddChain.
@@ -546,12 +383,4 @@ type Contents struct {
 	Chains []string
 	Maps   []string
 	Sets   []string
-}
-
-// Ruleset applies batches to one outpost table.
-type Ruleset interface {
-	// Apply applies tx atomically.
-	Apply(tx *Tx) error
-	// List returns what the table holds; an absent table holds nothing.
-	List() (Contents, error)
 }

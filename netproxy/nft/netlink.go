@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 	"github.com/outpost-edge/outpost/netproxy"
 )
 
-// Netlink is the Ruleset that programs the kernel's outpost table over
+// Netlink is the Ruleset (proxy.Ruleset) that programs the kernel's outpost table over
 // nftables netlink. Apply sends a whole Tx as one batch, which the kernel
 // commits atomically; rules are translated into the expressions nft(8)
 // itself would generate, so `nft list table inet outpost` reads like the
@@ -138,7 +139,7 @@ func (n *Netlink) Apply(tx *Tx) error {
 				}
 			}
 			if err != nil {
-				return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+				return fmt.Errorf("apply tx: op %d (%s): %w", i, op.String(), err)
 			}
 			i = next
 			continue
@@ -149,7 +150,7 @@ func (n *Netlink) Apply(tx *Tx) error {
 			return fmt.Errorf("apply tx: %w", err)
 		}
 		if err := b.add(op); err != nil {
-			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, op.String(), err)
 		}
 		i++
 		if inConn++; inConn >= chunkOps {
@@ -652,7 +653,7 @@ func (b *nlBatch) add(op Op) error {
 	case OpDelTable:
 		b.c.DelTable(b.t)
 	case OpAddChain:
-		if err := checkName("chain", op.Chain.Name); err != nil {
+		if err := CheckName("chain", op.Chain.Name); err != nil {
 			return err
 		}
 		ch, err := b.chain(op.Chain)
@@ -665,7 +666,7 @@ func (b *nlBatch) add(op Op) error {
 	case OpDelChain:
 		b.c.DelChain(&nftables.Chain{Name: op.Chain.Name, Table: b.t})
 	case OpAddMap:
-		if err := checkName("map", op.Map.Name); err != nil {
+		if err := CheckName("map", op.Map.Name); err != nil {
 			return err
 		}
 		kt, err := nlKeyType(op.Map.Key)
@@ -679,7 +680,7 @@ func (b *nlBatch) add(op Op) error {
 		case KeyAddr6ProtoPortIndex:
 			s.DataType = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)
 		}
-		if op.Map.Set && endpointKey(op.Map.Key) {
+		if op.Map.Set && op.Map.Key.Endpoint() {
 			return fmt.Errorf("set %s: an endpoint key needs a map", op.Map.Name)
 		}
 		if op.Map.Set {
@@ -691,13 +692,13 @@ func (b *nlBatch) add(op Op) error {
 	case OpDelMap:
 		b.c.DelSet(&nftables.Set{Table: b.t, Name: op.Map.Name})
 	case OpAddSet:
-		if err := checkName("set", op.Set.Name); err != nil {
+		if err := CheckName("set", op.Set.Name); err != nil {
 			return err
 		}
 		if op.Set.Timeout < 0 {
 			return fmt.Errorf("timeout %s is negative", op.Set.Timeout)
 		}
-		s := &nftables.Set{Table: b.t, Name: op.Set.Name, KeyType: nftables.TypeIPAddr, Dynamic: true, HasTimeout: true, Timeout: op.Set.Timeout, Size: affinitySetSize}
+		s := &nftables.Set{Table: b.t, Name: op.Set.Name, KeyType: nftables.TypeIPAddr, Dynamic: true, HasTimeout: true, Timeout: op.Set.Timeout, Size: AffinitySetSize}
 		if op.Set.V6 {
 			s.KeyType = nftables.TypeIP6Addr
 		}
@@ -742,14 +743,14 @@ func elemRun(ops []Op, i int) ([]nftables.SetElement, int, error) {
 		}
 		el := nftables.SetElement{Key: key}
 		switch {
-		case first.Map.Set || endpointKey(first.Map.Key):
+		case first.Map.Set || first.Map.Key.Endpoint():
 			if ops[j].Verdict != (Verdict{}) {
 				return nil, 0, fmt.Errorf("op %d: element of %s with verdict %s", j, first.Map.Name, ops[j].Verdict)
 			}
 			if first.Kind != OpAddElem {
 				break
 			}
-			if err := checkElemData(first.Map.Key, ops[j].Data); err != nil {
+			if err := first.Map.Key.CheckData(ops[j].Data); err != nil {
 				return nil, 0, fmt.Errorf("op %d: element %s of %s: %w", j, ops[j].Key.Format(first.Map.Key), first.Map.Name, err)
 			}
 			if d := ops[j].Data; d.IsValid() {
@@ -863,10 +864,10 @@ func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
 // nlElemKey encodes a map key as the kernel stores concatenations: each
 // field padded to a multiple of 4 bytes.
 func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
-	if pairKey(kt) {
+	if kt.Pair() {
 		v6 := kt == KeyAddr6Pair
 		if !k.Addr.IsValid() || !k.Addr2.IsValid() || k.Addr.Is6() != v6 || k.Addr2.Is6() != v6 || k.Addr.Is4In6() || k.Addr2.Is4In6() {
-			return nil, fmt.Errorf("key %s: map %s needs two %s addresses", k, kt, addrType(v6))
+			return nil, fmt.Errorf("key %s: map %s needs two %s addresses", k, kt, AddrType(v6))
 		}
 		if k.Protocol != "" || k.Port != 0 {
 			return nil, fmt.Errorf("key %s: map %s takes no protocol or port", k, kt)
@@ -876,7 +877,7 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 	if k.Addr2.IsValid() {
 		return nil, fmt.Errorf("key %s: map %s takes one address", k, kt)
 	}
-	if k.Index != 0 && !endpointKey(kt) {
+	if k.Index != 0 && !kt.Endpoint() {
 		return nil, fmt.Errorf("key %s: map %s takes no index", k, kt)
 	}
 	proto, ok := l4proto[strings.ToUpper(k.Protocol)]
@@ -905,7 +906,7 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 	key = append(key, proto, 0, 0, 0)
 	key = binary.BigEndian.AppendUint16(key, k.Port)
 	key = append(key, 0, 0)
-	if endpointKey(kt) {
+	if kt.Endpoint() {
 		// numgen writes its draw in host byte order.
 		key = binary.NativeEndian.AppendUint32(key, k.Index)
 	}
@@ -934,9 +935,9 @@ func nlVerdict(v Verdict) (*expr.Verdict, error) {
 	return e, nil
 }
 
-// affinitySetSize bounds an affinity set (nft's default for a set that
+// AffinitySetSize bounds an affinity set (nft's default for a set that
 // rules update, which the kernel would report anyway).
-const affinitySetSize = 65535
+const AffinitySetSize = 65535
 
 // bytesPerMessage is the socket buffer a batch needs per message: its
 // share of the batch (sent in one sendmsg) and of the error answers, in
@@ -996,182 +997,43 @@ const (
 	nlRegV6Port  = nlReg32 + 5 // after 16 bytes of address and 4 of protocol
 )
 
-// rule translates a rule's statements. In the inet family every load of
-// an IPv4 or IPv6 header field needs `meta nfproto` before it (nft adds
-// it implicitly); rule adds it unless the rule already established the
-// family.
-func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
-	var exprs []expr.Any
-	family := 0 // 4 or 6 once established
-	needFamily := func(v6 bool) {
-		want := 4
-		if v6 {
-			want = 6
-		}
-		if family != want {
-			exprs = append(exprs, matchFamily(!v6)...)
-			family = want
-		}
+// ruleEncoder collects a rule's expressions. In the inet family every
+// load of an IPv4 or IPv6 header field needs `meta nfproto` before it (nft
+// adds it implicitly); rule adds it before each statement that loads one
+// (StmtInfo.Family) unless the rule already established the family.
+type ruleEncoder struct {
+	exprs  []expr.Any
+	family int // 4 or 6 once established
+}
+
+func (e *ruleEncoder) add(x ...expr.Any) { e.exprs = append(e.exprs, x...) }
+
+// needFamily establishes the family fam (4 or 6).
+func (e *ruleEncoder) needFamily(fam int) {
+	if e.family != fam {
+		e.add(matchFamily(fam == 4)...)
+		e.family = fam
 	}
+}
+
+// rule translates a rule's statements, each by its encode (stmt.go).
+func (b *nlBatch) rule(r Rule) ([]expr.Any, error) {
+	var e ruleEncoder
 	for i, s := range r.Stmts {
-		if i > 0 && isTerminalStmt(r.Stmts[i-1]) {
+		if i > 0 && r.Stmts[i-1].Info().Terminal {
 			return nil, fmt.Errorf("statement %d (%s) follows a terminal statement", i, stmtString(s))
 		}
-		switch s := s.(type) {
-		case MatchFamily:
-			exprs = append(exprs, matchFamily(!s.V6)...)
-			family = 4
-			if s.V6 {
-				family = 6
-			}
-		case MatchAddr:
-			if !s.Prefix.IsValid() {
-				return nil, fmt.Errorf("statement %d: invalid prefix", i)
-			}
-			needFamily(s.Prefix.Addr().Is6())
-			op := expr.CmpOpEq
-			if s.Not {
-				op = expr.CmpOpNeq
-			}
-			exprs = append(exprs, matchAddr(s.Dst, op, s.Prefix)...)
-		case MatchProtoPort:
-			proto, ok := l4proto[strings.ToUpper(s.Protocol)]
-			if !ok {
-				return nil, fmt.Errorf("statement %d (%s): protocol %q: want TCP, UDP or SCTP", i, s, s.Protocol)
-			}
-			if s.Port != 0 {
-				exprs = append(exprs, matchPort(strings.ToUpper(s.Protocol), s.Port)...)
-				break
-			}
-			exprs = append(exprs,
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: nlReg1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: []byte{proto}},
-			)
-		case MatchAddrType:
-			op := expr.CmpOpEq
-			if s.Not {
-				op = expr.CmpOpNeq
-			}
-			exprs = append(exprs,
-				&expr.Fib{Register: nlReg1, FlagSADDR: !s.Dst, FlagDADDR: s.Dst, ResultADDRTYPE: true},
-				&expr.Cmp{Op: op, Register: nlReg1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
-			)
-		case MatchMark:
-			op := expr.CmpOpEq
-			if s.Set {
-				op = expr.CmpOpNeq
-			}
-			exprs = append(exprs,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: nlReg1},
-				&expr.Bitwise{SourceRegister: nlReg1, DestRegister: nlReg1, Len: 4,
-					Mask: binary.NativeEndian.AppendUint32(nil, s.Bit), Xor: make([]byte, 4)},
-				&expr.Cmp{Op: op, Register: nlReg1, Data: make([]byte, 4)},
-			)
-		case SetMark:
-			// mark | bit is (mark & ^bit) ^ bit; mark ^ bit is (mark & ~0) ^ bit.
-			mask := ^s.Bit
-			if s.Xor {
-				mask = ^uint32(0)
-			}
-			exprs = append(exprs,
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: nlReg1},
-				&expr.Bitwise{SourceRegister: nlReg1, DestRegister: nlReg1, Len: 4,
-					Mask: binary.NativeEndian.AppendUint32(nil, mask), Xor: binary.NativeEndian.AppendUint32(nil, s.Bit)},
-				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: nlReg1},
-			)
-		case MatchDNATed:
-			exprs = append(exprs, matchDNATed()...)
-		case MapLookup:
-			e, err := nlMapLookup(s, needFamily)
-			if err != nil {
-				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
-			}
-			exprs = append(exprs, e...)
-		case MatchRandom:
-			exprs = append(exprs,
-				&expr.Numgen{Register: nlReg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: nlReg1, Data: make([]byte, 4)},
-			)
-		case MatchSet:
-			if _, addrKey := addrProtoPortKey(s.Key); !pairKey(s.Key) && (!addrKey || endpointKey(s.Key)) {
-				return nil, fmt.Errorf("statement %d (%s): set key %s is neither an address pair nor address, protocol and port", i, s, s.Key)
-			}
-			e, err := nlMapLookup(MapLookup{Map: s.Set, Key: s.Key}, needFamily)
-			if err != nil {
-				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
-			}
-			// The same loads, and a lookup that only matches.
-			e[len(e)-1] = &expr.Lookup{SourceRegister: nlReg1, SetName: s.Set}
-			exprs = append(exprs, e...)
-		case SetLookup:
-			needFamily(s.V6)
-			exprs = append(exprs,
-				nlLoadSaddr(s.V6),
-				&expr.Lookup{SourceRegister: nlReg1, SetName: s.Set},
-			)
-		case SetUpdate:
-			needFamily(s.V6)
-			exprs = append(exprs,
-				nlLoadSaddr(s.V6),
-				// No timeout: the element gets (or is refreshed to)
-				// the set's.
-				&expr.Dynset{SrcRegKey: nlReg1, SetName: s.Set, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE)},
-			)
-		case DNAT:
-			if !s.Addr.IsValid() || s.Addr.Is4In6() {
-				return nil, fmt.Errorf("statement %d (%s): want an IPv4 or IPv6 address", i, s)
-			}
-			if s.Port == 0 {
-				return nil, fmt.Errorf("statement %d (%s): port 0", i, s)
-			}
-			family := uint32(unix.NFPROTO_IPV6)
-			if s.Addr.Is4() {
-				family = unix.NFPROTO_IPV4
-			}
-			exprs = append(exprs,
-				&expr.Immediate{Register: nlReg1, Data: s.Addr.AsSlice()},
-				&expr.Immediate{Register: nlReg2, Data: binary.BigEndian.AppendUint16(nil, s.Port)},
-				&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: nlReg2, Specified: true},
-			)
-		case DNATMap:
-			if s.Mod == 0 {
-				return nil, fmt.Errorf("statement %d (%s): numgen modulus 0", i, s)
-			}
-			// The key (address, protocol, port, draw) in consecutive
-			// 32-bit registers from register 1; the lookup writes the
-			// endpoint's address there and its port in the register
-			// after the address, where nat reads them.
-			key := KeyAddr4ProtoPort
-			family, ngReg, portReg := uint32(unix.NFPROTO_IPV4), uint32(nlRegV4Port+1), uint32(nlRegV4Proto)
-			if s.V6 {
-				key = KeyAddr6ProtoPort
-				family, ngReg, portReg = unix.NFPROTO_IPV6, nlRegV6Port+1, nlReg2
-			}
-			e, err := nlMapLookup(MapLookup{Map: s.Map, Key: key}, needFamily)
-			if err != nil {
-				return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
-			}
-			exprs = append(exprs, e[:len(e)-1]...)
-			exprs = append(exprs,
-				&expr.Numgen{Register: ngReg, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
-				&expr.Lookup{SourceRegister: nlReg1, SetName: s.Map, IsDestRegSet: true, DestRegister: nlReg1},
-				&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: portReg, Specified: true},
-			)
-		case Masquerade:
-			exprs = append(exprs, &expr.Masq{FullyRandom: s.FullyRandom})
-		case Reject:
-			exprs = append(exprs, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
-		case VerdictStmt:
-			v, err := nlVerdict(s.Verdict)
-			if err != nil {
-				return nil, fmt.Errorf("statement %d: %w", i, err)
-			}
-			exprs = append(exprs, v)
-		default:
+		if s == nil || reflect.TypeOf(s).Kind() == reflect.Pointer {
 			return nil, fmt.Errorf("statement %d: unsupported statement type %T", i, s)
 		}
+		if fam := s.Info().Family; fam != 0 {
+			e.needFamily(fam)
+		}
+		if err := s.encode(&e); err != nil {
+			return nil, fmt.Errorf("statement %d (%s): %w", i, s, err)
+		}
 	}
-	return exprs, nil
+	return e.exprs, nil
 }
 
 // nlLoadSaddr is `ip saddr` or `ip6 saddr` into register 1.
@@ -1184,7 +1046,7 @@ func nlLoadSaddr(v6 bool) expr.Any {
 
 // nlMapLookup is `[ip daddr .] meta l4proto . th dport vmap @map`: the key's
 // fields in consecutive registers from register 1, then the lookup.
-func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
+func nlMapLookup(s MapLookup) ([]expr.Any, error) {
 	l4 := func(protoReg, portReg uint32) []expr.Any {
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: protoReg},
@@ -1194,23 +1056,19 @@ func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
 	var e []expr.Any
 	switch s.Key {
 	case KeyAddr4ProtoPort:
-		needFamily(false)
 		e = append(e, &expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOffset, Len: 4})
 		e = append(e, l4(nlRegV4Proto, nlRegV4Port)...)
 	case KeyAddr6ProtoPort:
-		needFamily(true)
 		e = append(e, &expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6DaddrOffset, Len: 16})
 		e = append(e, l4(nlReg2, nlRegV6Port)...)
 	case KeyProtoPort:
 		e = append(e, l4(nlReg1, nlRegPort)...)
 	case KeyAddr4Pair:
-		needFamily(false)
 		e = append(e,
 			&expr.Payload{DestRegister: nlReg32, Base: expr.PayloadBaseNetworkHeader, Offset: ip4SaddrOffset, Len: 4},
 			&expr.Payload{DestRegister: nlReg32 + 1, Base: expr.PayloadBaseNetworkHeader, Offset: ip4DaddrOffset, Len: 4},
 		)
 	case KeyAddr6Pair:
-		needFamily(true)
 		e = append(e,
 			&expr.Payload{DestRegister: nlReg1, Base: expr.PayloadBaseNetworkHeader, Offset: ip6SaddrOffset, Len: 16},
 			&expr.Payload{DestRegister: nlReg2, Base: expr.PayloadBaseNetworkHeader, Offset: ip6DaddrOffset, Len: 16},
@@ -1220,8 +1078,3 @@ func nlMapLookup(s MapLookup, needFamily func(v6 bool)) ([]expr.Any, error) {
 	}
 	return append(e, &expr.Lookup{SourceRegister: nlReg1, SetName: s.Map, IsDestRegSet: true, DestRegister: 0}), nil
 }
-
-var (
-	_ Ruleset = (*Netlink)(nil)
-	_ Ruleset = (*Fake)(nil)
-)

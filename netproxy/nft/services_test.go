@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"fmt"
@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/netproxy"
+
+	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 )
 
 // The node of these tests: pod CIDR 10.42.0.0/24, addresses 192.0.2.10
@@ -163,8 +166,8 @@ func svcDualStack() netproxy.ServicePort {
 	}
 }
 
-func tsHostPorts() []HostPort {
-	return []HostPort{
+func tsHostPorts() []nft.HostPort {
+	return []nft.HostPort{
 		{Protocol: "TCP", HostPort: 8443, PodIP: tsHPPod, ContainerPort: 8080},
 		{Protocol: "UDP", HostIP: tsNode, HostPort: 5353, PodIP: tsHPPod2, ContainerPort: 53},
 		{Protocol: "SCTP", HostPort: 3868, PodIP: tsHPPod2, ContainerPort: 3868},
@@ -172,8 +175,8 @@ func tsHostPorts() []HostPort {
 }
 
 // tsState is the representative State: every feature at once.
-func tsState() State {
-	return State{
+func tsState() nft.State {
+	return nft.State{
 		PodCIDR:   tsPodCIDR,
 		HostPorts: tsHostPorts(),
 		Services: []netproxy.ServicePort{
@@ -185,10 +188,10 @@ func tsState() State {
 }
 
 // synced returns a Fake holding s, synced by a new Table.
-func synced(t testing.TB, s State) (*Fake, *Table) {
+func synced(t testing.TB, s nft.State) (*nfttest.Fake, *nft.Table) {
 	t.Helper()
-	f := NewFake()
-	tb := NewTable(f)
+	f := nfttest.NewFake()
+	tb := nft.NewTable(f)
 	if _, err := tb.Sync(s); err != nil {
 		t.Fatal(err)
 	}
@@ -200,22 +203,22 @@ func synced(t testing.TB, s State) (*Fake, *Table) {
 func TestTableGolden(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		s    State
+		s    nft.State
 	}{
-		{"empty", State{PodCIDR: tsPodCIDR}},
-		{"clusterip", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcClusterIP()}}},
-		{"udp", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcUDP()}}},
-		{"sctp", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcSCTP()}}},
-		{"nodeport", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcNodePort()}}},
-		{"externalip", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcExternalIP()}}},
-		{"loadbalancer", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcLoadBalancer()}}},
-		{"affinity", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcAffinity()}}},
-		{"internal-local", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcInternalLocal()}}},
-		{"external-local", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcExternalLocal(), svcExternalLocalNone()}}},
-		{"no-endpoints", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcNoEndpoints()}}},
-		{"terminating", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcTerminating()}}},
-		{"dual-stack", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcDualStack()}}},
-		{"hostports", State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts()}},
+		{"empty", nft.State{PodCIDR: tsPodCIDR}},
+		{"clusterip", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcClusterIP()}}},
+		{"udp", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcUDP()}}},
+		{"sctp", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcSCTP()}}},
+		{"nodeport", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcNodePort()}}},
+		{"externalip", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcExternalIP()}}},
+		{"loadbalancer", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcLoadBalancer()}}},
+		{"affinity", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcAffinity()}}},
+		{"internal-local", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcInternalLocal()}}},
+		{"external-local", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcExternalLocal(), svcExternalLocalNone()}}},
+		{"no-endpoints", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcNoEndpoints()}}},
+		{"terminating", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcTerminating()}}},
+		{"dual-stack", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcDualStack()}}},
+		{"hostports", nft.State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts()}},
 		{"all", tsState()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -240,32 +243,12 @@ func checkGolden(t *testing.T, path, got string) {
 		t.Fatalf("%v (run with -update to create it)", err)
 	}
 	if got != string(want) {
-		t.Errorf("table differs from %s:\n%s", path, lineDiff(string(want), got))
+		t.Errorf("table differs from %s:\n%s", path, nfttest.LineDiff(string(want), got))
 	}
-}
-
-// lineDiff lists the lines only in want (-) and only in got (+).
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var out []string
-	for _, l := range w {
-		if !slices.Contains(g, l) {
-			out = append(out, "-"+l)
-		}
-	}
-	for _, l := range g {
-		if !slices.Contains(w, l) {
-			out = append(out, "+"+l)
-		}
-	}
-	if len(out) == 0 {
-		return "(same lines, other order)\n" + got
-	}
-	return strings.Join(out, "\n")
 }
 
 // traceOutcomes returns the outcomes of p, sorted.
-func traceOutcomes(t *testing.T, f *Fake, p Packet) []string {
+func traceOutcomes(t *testing.T, f *nfttest.Fake, p nfttest.Packet) []string {
 	t.Helper()
 	outs, err := f.Trace(p, tsIsLocal)
 	if err != nil {
@@ -281,7 +264,7 @@ func traceOutcomes(t *testing.T, f *Fake, p Packet) []string {
 
 // affinitySetOf returns the name of the affinity set of sp's endpoint e.
 func affinitySetOf(sp netproxy.ServicePort, e netip.Addr, port uint16) string {
-	return prefixAffinity + hashName(endpointReadable(sp.String(), netproxy.Endpoint{Addr: e, Port: port}))
+	return nft.PrefixAffinity + nft.HashName(nft.EndpointReadable(sp.String(), netproxy.Endpoint{Addr: e, Port: port}))
 }
 
 // TestTableTrace pushes packets through the representative table and
@@ -289,16 +272,16 @@ func affinitySetOf(sp netproxy.ServicePort, e netip.Addr, port uint16) string {
 // rejected.
 func TestTableTrace(t *testing.T) {
 	f, _ := synced(t, tsState())
-	tcp := func(src, dst netip.Addr, port uint16) Packet {
-		return Packet{Src: src, Dst: dst, Protocol: "TCP", Port: port}
+	tcp := func(src, dst netip.Addr, port uint16) nfttest.Packet {
+		return nfttest.Packet{Src: src, Dst: dst, Protocol: "TCP", Port: port}
 	}
-	out := func(p Packet) Packet { p.Output = true; return p }
+	out := func(p nfttest.Packet) nfttest.Packet { p.Output = true; return p }
 	sticky := affinitySetOf(svcAffinity(), tsRemote, 8080)
 	stickyLocal := affinitySetOf(svcAffinity(), tsLocalEP, 8080)
 
 	for _, tc := range []struct {
 		name string
-		p    Packet
+		p    nfttest.Packet
 		want []string
 	}{
 		// Cross-node pod traffic leaves masqueraded by the pod egress
@@ -312,10 +295,10 @@ func TestTableTrace(t *testing.T) {
 		{"pod reaching itself through the Service is masqueraded", tcp(tsLocalEP, ip("10.96.0.10"), 80),
 			[]string{"dnat to 10.42.0.5:8080, masquerade", "dnat to 10.42.1.7:8080, masquerade"}},
 		{"other port of a ClusterIP is not DNATed (only egress masquerade)", tcp(tsPod, ip("10.96.0.10"), 81), []string{"masquerade"}},
-		{"UDP ClusterIP", Packet{Src: tsPod, Dst: ip("10.96.0.53"), Protocol: "UDP", Port: 53},
+		{"UDP ClusterIP", nfttest.Packet{Src: tsPod, Dst: ip("10.96.0.53"), Protocol: "UDP", Port: 53},
 			[]string{"dnat to 10.42.0.6:53"}},
 		{"UDP ClusterIP does not take TCP", tcp(tsPod, ip("10.96.0.53"), 53), []string{"masquerade"}},
-		{"SCTP ClusterIP", Packet{Src: tsPod, Dst: ip("10.96.0.20"), Protocol: "SCTP", Port: 3868},
+		{"SCTP ClusterIP", nfttest.Packet{Src: tsPod, Dst: ip("10.96.0.20"), Protocol: "SCTP", Port: 3868},
 			[]string{"dnat to 10.42.1.7:3868, masquerade"}},
 		{"NodePort from outside reaches every endpoint, masqueraded", tcp(tsClient, tsNode, 30080),
 			[]string{"dnat to 10.42.0.5:8080, masquerade", "dnat to 10.42.1.7:8080, masquerade"}},
@@ -373,9 +356,9 @@ func TestTableTrace(t *testing.T) {
 		{"hostPort on loopback is left alone", out(tcp(ip("127.0.0.1"), ip("127.0.0.1"), 8443)), []string{"accept"}},
 		{"hostPort from another pod is masqueraded (hairpin)", tcp(tsPod, tsNode, 8443), []string{"dnat to 10.42.0.7:8080, masquerade"}},
 		{"hostPort from its own pod is masqueraded (hairpin)", tcp(tsHPPod, tsNode, 8443), []string{"dnat to 10.42.0.7:8080, masquerade"}},
-		{"hostPort with a host IP", Packet{Src: tsClient, Dst: tsNode, Protocol: "UDP", Port: 5353}, []string{"dnat to 10.42.0.8:53"}},
-		{"hostPort with a host IP, other local address", Packet{Src: tsClient, Dst: tsNode2, Protocol: "UDP", Port: 5353}, []string{"accept"}},
-		{"SCTP hostPort", Packet{Src: tsClient, Dst: tsNode, Protocol: "SCTP", Port: 3868}, []string{"dnat to 10.42.0.8:3868"}},
+		{"hostPort with a host IP", nfttest.Packet{Src: tsClient, Dst: tsNode, Protocol: "UDP", Port: 5353}, []string{"dnat to 10.42.0.8:53"}},
+		{"hostPort with a host IP, other local address", nfttest.Packet{Src: tsClient, Dst: tsNode2, Protocol: "UDP", Port: 5353}, []string{"accept"}},
+		{"SCTP hostPort", nfttest.Packet{Src: tsClient, Dst: tsNode, Protocol: "SCTP", Port: 3868}, []string{"dnat to 10.42.0.8:3868"}},
 		{"pod egress is masqueraded", tcp(tsPod, ip("93.184.216.34"), 443), []string{"masquerade"}},
 		{"pod to pod is not", tcp(tsPod, tsLocalEP, 8080), []string{"accept"}},
 	} {
@@ -406,7 +389,7 @@ func TestAppendKey(t *testing.T) {
 		sp.Protocol = strings.ToLower(sp.Protocol)
 		for _, p := range []string{"", "p"} {
 			sp.PortName = p
-			if got, want := string(appendKey(nil, &sp)), sp.String(); got != want {
+			if got, want := string(nft.AppendKey(nil, &sp)), sp.String(); got != want {
 				t.Errorf("appendKey = %q, want %q", got, want)
 			}
 		}
@@ -417,15 +400,15 @@ func TestAppendKey(t *testing.T) {
 // readable part, and never longer than the kernel takes.
 func TestHashName(t *testing.T) {
 	sp := svcClusterIP()
-	if got, want := hashName(sp.String()), "SUSTUHLJ-default/web/tcp/http"; got != want {
+	if got, want := nft.HashName(sp.String()), "SUSTUHLJ-default/web/tcp/http"; got != want {
 		t.Errorf("hashName = %q, want %q", got, want)
 	}
-	e := endpointReadable(sp.String(), netproxy.Endpoint{Addr: ip("fd00::1"), Port: 80})
+	e := nft.EndpointReadable(sp.String(), netproxy.Endpoint{Addr: ip("fd00::1"), Port: 80})
 	if want := "default/web/tcp/http__fd00..1/80"; e != want {
 		t.Errorf("endpointReadable = %q, want %q", e, want)
 	}
 	long := strings.Repeat("n", 63) + "/" + strings.Repeat("s", 63) + "/sctp/" + strings.Repeat("p", 15) + "__" + strings.Repeat("f", 39) + "/65535"
-	if n := len(prefixEndpoint + hashName(long)); n > maxNameLen {
+	if n := len(nft.PrefixEndpoint + nft.HashName(long)); n > nft.MaxNameLen {
 		t.Errorf("longest endpoint chain name is %d bytes", n)
 	}
 }
@@ -434,22 +417,22 @@ func TestHashName(t *testing.T) {
 func TestSyncRejectsBadState(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		s    State
+		s    nft.State
 		want string
 	}{
-		{"no pod CIDR", State{}, "pod CIDR is not set"},
-		{"pod CIDR not a network", State{PodCIDR: netip.MustParsePrefix("10.42.0.1/24")}, "not a network address"},
-		{"bad hostPort", State{PodCIDR: tsPodCIDR, HostPorts: []HostPort{{HostPort: 1, ContainerPort: 1}}}, "pod IP is not set"},
-		{"bad protocol", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "ICMP", Port: 1}}}, `protocol "ICMP"`},
-		{"no port", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP"}}}, "port is not set"},
-		{"bad endpoint", State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP", Port: 1, Endpoints: []netproxy.Endpoint{{Addr: tsPod}}}}}, "address and port must be set"},
+		{"no pod CIDR", nft.State{}, "pod CIDR is not set"},
+		{"pod CIDR not a network", nft.State{PodCIDR: netip.MustParsePrefix("10.42.0.1/24")}, "not a network address"},
+		{"bad hostPort", nft.State{PodCIDR: tsPodCIDR, HostPorts: []nft.HostPort{{HostPort: 1, ContainerPort: 1}}}, "pod IP is not set"},
+		{"bad protocol", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "ICMP", Port: 1}}}, `protocol "ICMP"`},
+		{"no port", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP"}}}, "port is not set"},
+		{"bad endpoint", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP", Port: 1, Endpoints: []netproxy.Endpoint{{Addr: tsPod}}}}}, "address and port must be set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := NewFake()
-			tb := NewTable(f)
+			f := nfttest.NewFake()
+			tb := nft.NewTable(f)
 			for _, full := range []bool{true, false} {
 				if !full {
-					if _, err := tb.Sync(State{PodCIDR: tsPodCIDR}); err != nil {
+					if _, err := tb.Sync(nft.State{PodCIDR: tsPodCIDR}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -484,12 +467,12 @@ func TestTableBalancesDualStackEvenly(t *testing.T) {
 			for i := range n6 {
 				sp.Endpoints = append(sp.Endpoints, ready(netip.MustParseAddr(fmt.Sprintf("fd00:42::1:%d", 10+i)), 8080, false))
 			}
-			f, _ := synced(t, State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
+			f, _ := synced(t, nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
 			for _, c := range []struct {
 				src, dst netip.Addr
 				n        int
 			}{{tsPod, sp.ClusterIPs[0], n4}, {tsPod6, sp.ClusterIPs[1], n6}} {
-				outs, err := f.Trace(Packet{Src: c.src, Dst: c.dst, Protocol: "TCP", Port: 80}, tsIsLocal)
+				outs, err := f.Trace(nfttest.Packet{Src: c.src, Dst: c.dst, Protocol: "TCP", Port: 80}, tsIsLocal)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -516,14 +499,14 @@ func TestTableBalancesDualStackEvenly(t *testing.T) {
 func TestTableBalancesEvenly(t *testing.T) {
 	// Up to maxGroup endpoints through the shared rules, past it through
 	// the Service's own chain.
-	for n := 1; n <= maxGroup+2; n++ {
+	for n := 1; n <= nft.MaxGroup+2; n++ {
 		sp := svcClusterIP()
 		sp.Endpoints = nil
 		for i := range n {
 			sp.Endpoints = append(sp.Endpoints, ready(netip.AddrFrom4([4]byte{10, 42, 1, byte(10 + i)}), 8080, false))
 		}
-		f, _ := synced(t, State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
-		outs, err := f.Trace(Packet{Src: tsPod, Dst: ip("10.96.0.10"), Protocol: "TCP", Port: 80}, tsIsLocal)
+		f, _ := synced(t, nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
+		outs, err := f.Trace(nfttest.Packet{Src: tsPod, Dst: ip("10.96.0.10"), Protocol: "TCP", Port: 80}, tsIsLocal)
 		if err != nil {
 			t.Fatal(err)
 		}

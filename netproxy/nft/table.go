@@ -183,7 +183,7 @@ type State struct {
 // ServicePorts themselves, from which their rules are rendered again when
 // they change) and, after a failed apply, syncs in full.
 type Table struct {
-	rs Ruleset
+	rs ruleset
 
 	mu        sync.Mutex
 	full      bool // the next Sync is full
@@ -207,9 +207,18 @@ type svcEntry struct {
 	gen uint64
 }
 
-// NewTable returns a Table that applies changes through rs. It does not
-// touch rs: the first Sync does.
-func NewTable(rs Ruleset) *Table {
+// ruleset is what a Table applies its Txs through: Netlink, or
+// netproxy/nfttest's Fake in tests. Its users name it proxy.Ruleset.
+type ruleset interface {
+	// Apply applies tx atomically.
+	Apply(tx *Tx) error
+	// List returns what the table holds; an absent table holds nothing.
+	List() (Contents, error)
+}
+
+// NewTable returns a Table that applies changes through rs (Netlink, or
+// nfttest.Fake in tests). It does not touch rs: the first Sync does.
+func NewTable(rs ruleset) *Table {
 	return &Table{rs: rs, full: true, hairpin: newAddrCounts(0)}
 }
 

@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"errors"
@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/netproxy"
+
+	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 )
 
 // genService returns the i-th of many similar ServicePorts: a ClusterIP
@@ -38,8 +41,8 @@ func genService(i int) netproxy.ServicePort {
 	return sp
 }
 
-func genState(n int) State {
-	s := State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts(), Services: make([]netproxy.ServicePort, n)}
+func genState(n int) nft.State {
+	s := nft.State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts(), Services: make([]netproxy.ServicePort, n)}
 	for i := range n {
 		s.Services[i] = genService(i)
 	}
@@ -47,18 +50,18 @@ func genState(n int) State {
 }
 
 // withServices returns s with other services (sharing nothing with s).
-func withServices(s State, sps ...netproxy.ServicePort) State {
+func withServices(s nft.State, sps ...netproxy.ServicePort) nft.State {
 	s.Services = append(slices.Clip(s.Services), sps...)
 	return s
 }
 
 // checkEqualsFull checks that f holds what a full sync of s on a fresh
 // Fake gives, and that tb's counts agree.
-func checkEqualsFull(t *testing.T, f *Fake, tb *Table, s State) {
+func checkEqualsFull(t *testing.T, f *nfttest.Fake, tb *nft.Table, s nft.State) {
 	t.Helper()
 	fresh, ftb := synced(t, s)
 	if got, want := f.Dump(), fresh.Dump(); got != want {
-		t.Fatalf("incremental table differs from a full sync:\n%s", lineDiff(want, got))
+		t.Fatalf("incremental table differs from a full sync:\n%s", nfttest.LineDiff(want, got))
 	}
 	c1, r1, e1 := tb.Counts()
 	c2, r2, e2 := ftb.Counts()
@@ -112,7 +115,7 @@ func TestSyncIncrementalCost(t *testing.T) {
 			}
 			for _, op := range f.Last() {
 				if !opTouches(op, extra) && !opTouches(op, changed) {
-					t.Errorf("N=%d %s: op %s touches another service", n, step.name, describeOp(op))
+					t.Errorf("N=%d %s: op %s touches another service", n, step.name, op.String())
 				}
 			}
 			ops[ni] = append(ops[ni], got)
@@ -127,10 +130,10 @@ func TestSyncIncrementalCost(t *testing.T) {
 
 // opTouches reports whether op is about sp's chains, sets or elements
 // (its endpoints' hairpin elements included).
-func opTouches(op Op, sp netproxy.ServicePort) bool {
+func opTouches(op nft.Op, sp netproxy.ServicePort) bool {
 	key := sp.String()
 	switch op.Kind {
-	case OpAddElem, OpDelElem:
+	case nft.OpAddElem, nft.OpDelElem:
 		if op.Key.Addr2.IsValid() {
 			return slices.ContainsFunc(sp.Endpoints, func(e netproxy.Endpoint) bool { return e.Addr == op.Key.Addr })
 		}
@@ -139,7 +142,7 @@ func opTouches(op Op, sp netproxy.ServicePort) bool {
 			return slices.Contains(addrs, op.Key.Addr) && op.Key.Port == sp.Port
 		}
 		return op.Key.Port == sp.NodePort
-	case OpAddSet, OpDelSet:
+	case nft.OpAddSet, nft.OpDelSet:
 		return strings.Contains(op.Set.Name, key)
 	}
 	return strings.Contains(op.Chain.Name, key)
@@ -163,7 +166,7 @@ func TestSyncGroupedElementsOnly(t *testing.T) {
 	replaced.Endpoints[2].Addr = ip("10.64.9.9")
 	many := extra
 	many.Endpoints = nil
-	for i := range maxGroup + 1 {
+	for i := range nft.MaxGroup + 1 {
 		many.Endpoints = append(many.Endpoints, ready(netip.AddrFrom4([4]byte{10, 65, 0, byte(i)}), 8080, false))
 	}
 	f, tb := synced(t, base)
@@ -189,10 +192,10 @@ func TestSyncGroupedElementsOnly(t *testing.T) {
 		}
 		chains := false
 		for _, op := range f.Last() {
-			if op.Kind != OpAddElem && op.Kind != OpDelElem {
+			if op.Kind != nft.OpAddElem && op.Kind != nft.OpDelElem {
 				chains = true
 				if step.elemOnly {
-					t.Errorf("%s: op %s is not an element", step.name, describeOp(op))
+					t.Errorf("%s: op %s is not an element", step.name, op.String())
 				}
 			}
 		}
@@ -211,7 +214,7 @@ func TestSyncNoChange(t *testing.T) {
 	f, tb := synced(t, s)
 	dup := svcClusterIP()
 	dup.Endpoints = nil
-	for _, s := range []State{s, withServices(s, dup)} {
+	for _, s := range []nft.State{s, withServices(s, dup)} {
 		ops, err := tb.Sync(s)
 		if err != nil || ops != 0 {
 			t.Errorf("Sync = %d, %v; want 0 ops", ops, err)
@@ -230,15 +233,15 @@ func TestSyncSharedAddress(t *testing.T) {
 	a.Name, b.Name = "a", "b"
 	b.ClusterIPs = []netip.Addr{ip("10.96.0.33")}
 	b.Endpoints = []netproxy.Endpoint{ready(tsRemote2, 9090, false)}
-	base := State{PodCIDR: tsPodCIDR}
-	viaExternal := func(f *Fake) []string {
-		return traceOutcomes(t, f, Packet{Src: tsClient, Dst: ip("198.51.100.7"), Protocol: "TCP", Port: 80})
+	base := nft.State{PodCIDR: tsPodCIDR}
+	viaExternal := func(f *nfttest.Fake) []string {
+		return traceOutcomes(t, f, nfttest.Packet{Src: tsClient, Dst: ip("198.51.100.7"), Protocol: "TCP", Port: 80})
 	}
 	f, tb := synced(t, withServices(base, b, a))
 	if got := viaExternal(f); !slices.Equal(got, []string{"dnat to 10.42.1.7:8080, masquerade"}) {
 		t.Errorf("both: %q, want a's endpoint", got)
 	}
-	for _, s := range []State{withServices(base, a, b), withServices(base, b), withServices(base, a, b), withServices(base, a)} {
+	for _, s := range []nft.State{withServices(base, a, b), withServices(base, b), withServices(base, a, b), withServices(base, a)} {
 		if _, err := tb.Sync(s); err != nil {
 			t.Fatal(err)
 		}
@@ -254,14 +257,14 @@ func TestSyncSharedAddress(t *testing.T) {
 
 // failing is a Ruleset whose next Apply or List fails when told to.
 type failing struct {
-	*Fake
+	*nfttest.Fake
 	failApply, failList bool
 	lists               int
 }
 
 var errInjected = errors.New("injected failure")
 
-func (r *failing) Apply(tx *Tx) error {
+func (r *failing) Apply(tx *nft.Tx) error {
 	if r.failApply {
 		r.failApply = false
 		return errInjected
@@ -269,11 +272,11 @@ func (r *failing) Apply(tx *Tx) error {
 	return r.Fake.Apply(tx)
 }
 
-func (r *failing) List() (Contents, error) {
+func (r *failing) List() (nft.Contents, error) {
 	r.lists++
 	if r.failList {
 		r.failList = false
-		return Contents{}, errInjected
+		return nft.Contents{}, errInjected
 	}
 	return r.Fake.List()
 }
@@ -281,8 +284,8 @@ func (r *failing) List() (Contents, error) {
 // TestSyncAfterFailure: a failed apply (or list) changes nothing, and the
 // next Sync is full (it lists the table) and succeeds.
 func TestSyncAfterFailure(t *testing.T) {
-	r := &failing{Fake: NewFake()}
-	tb := NewTable(r)
+	r := &failing{Fake: nfttest.NewFake()}
+	tb := nft.NewTable(r)
 	base := tsState()
 	if _, err := tb.Sync(base); err != nil {
 		t.Fatal(err)
@@ -332,23 +335,23 @@ func TestSyncAfterFailure(t *testing.T) {
 // there keeps only what it wants, and keeps the contents of wanted
 // affinity sets.
 func TestFullSyncCleansTable(t *testing.T) {
-	f := NewFake()
-	tx := &Tx{}
-	tx.AddChain(Chain{Name: natPrerouting, Base: &Base{Type: ChainTypeNAT, Hook: HookPrerouting, Priority: priorityDNAT}})
-	tx.AddChain(Chain{Name: filterInput, Base: &Base{Type: ChainTypeFilter, Hook: HookInput, Priority: 0}}) // another priority
-	tx.AddChain(Chain{Name: "stray"})
-	tx.AddChain(Chain{Name: "service-AAAAAAAA-ns/gone/tcp/80"})
-	tx.AddSet(AddrSet{Name: "affinity-AAAAAAAA-ns/gone/tcp/80__10.0.0.1/80", Timeout: time.Minute})
-	tx.AddMap(Map{Name: "stray-map", Key: KeyProtoPort})
-	tx.AddMap(Map{Name: mapNameServiceIPs, Key: KeyAddr4ProtoPort})
-	tx.AddRule("stray", MapLookup{Map: "stray-map", Key: KeyProtoPort})
-	tx.AddRule("service-AAAAAAAA-ns/gone/tcp/80", SetLookup{Set: "affinity-AAAAAAAA-ns/gone/tcp/80__10.0.0.1/80"}, VerdictStmt{Goto("stray")})
-	tx.AddRule(natPrerouting, MatchProtoPort{Protocol: "TCP", Port: 1}, DNAT{Addr: tsPod, Port: 1})
-	tx.AddElem(Map{Name: mapNameServiceIPs, Key: KeyAddr4ProtoPort}, MapKey{Addr: ip("10.96.0.1"), Protocol: "TCP", Port: 1}, Goto("service-AAAAAAAA-ns/gone/tcp/80"))
+	f := nfttest.NewFake()
+	tx := &nft.Tx{}
+	tx.AddChain(nft.Chain{Name: nft.NatPrerouting, Base: &nft.Base{Type: nft.ChainTypeNAT, Hook: nft.HookPrerouting, Priority: nft.PriorityDNAT}})
+	tx.AddChain(nft.Chain{Name: nft.FilterInput, Base: &nft.Base{Type: nft.ChainTypeFilter, Hook: nft.HookInput, Priority: 0}}) // another priority
+	tx.AddChain(nft.Chain{Name: "stray"})
+	tx.AddChain(nft.Chain{Name: "service-AAAAAAAA-ns/gone/tcp/80"})
+	tx.AddSet(nft.AddrSet{Name: "affinity-AAAAAAAA-ns/gone/tcp/80__10.0.0.1/80", Timeout: time.Minute})
+	tx.AddMap(nft.Map{Name: "stray-map", Key: nft.KeyProtoPort})
+	tx.AddMap(nft.Map{Name: nft.MapNameServiceIPs, Key: nft.KeyAddr4ProtoPort})
+	tx.AddRule("stray", nft.MapLookup{Map: "stray-map", Key: nft.KeyProtoPort})
+	tx.AddRule("service-AAAAAAAA-ns/gone/tcp/80", nft.SetLookup{Set: "affinity-AAAAAAAA-ns/gone/tcp/80__10.0.0.1/80"}, nft.VerdictStmt{Verdict: nft.Goto("stray")})
+	tx.AddRule(nft.NatPrerouting, nft.MatchProtoPort{Protocol: "TCP", Port: 1}, nft.DNAT{Addr: tsPod, Port: 1})
+	tx.AddElem(nft.Map{Name: nft.MapNameServiceIPs, Key: nft.KeyAddr4ProtoPort}, nft.MapKey{Addr: ip("10.96.0.1"), Protocol: "TCP", Port: 1}, nft.Goto("service-AAAAAAAA-ns/gone/tcp/80"))
 	if err := f.Apply(tx); err != nil {
 		t.Fatal(err)
 	}
-	tb := NewTable(f)
+	tb := nft.NewTable(f)
 	s := tsState()
 	if _, err := tb.Sync(s); err != nil {
 		t.Fatal(err)
@@ -360,12 +363,12 @@ func TestFullSyncCleansTable(t *testing.T) {
 	if err := f.AddSetElement(sticky, tsPod); err != nil {
 		t.Fatal(err)
 	}
-	for _, tb := range []*Table{tb, NewTable(f)} { // a Resync, and a restart
+	for _, tb := range []*nft.Table{tb, nft.NewTable(f)} { // a Resync, and a restart
 		tb.Resync()
 		if _, err := tb.Sync(s); err != nil {
 			t.Fatal(err)
 		}
-		got := traceOutcomes(t, f, Packet{Src: tsPod, Dst: ip("10.96.0.40"), Protocol: "TCP", Port: 80})
+		got := traceOutcomes(t, f, nfttest.Packet{Src: tsPod, Dst: ip("10.96.0.40"), Protocol: "TCP", Port: 80})
 		if len(got) != 1 {
 			t.Errorf("after a full sync the client is not stuck any more: %q", got)
 		}
@@ -378,7 +381,7 @@ func TestSyncAffinityTimeoutChange(t *testing.T) {
 	s := tsState()
 	f, tb := synced(t, s)
 	for i, full := range []bool{false, true, false} {
-		s = withServices(State{PodCIDR: s.PodCIDR, HostPorts: s.HostPorts}, s.Services...)
+		s = withServices(nft.State{PodCIDR: s.PodCIDR, HostPorts: s.HostPorts}, s.Services...)
 		for j := range s.Services {
 			if s.Services[j].AffinityTimeout > 0 {
 				s.Services[j].AffinityTimeout = time.Duration(i+1) * time.Minute
@@ -409,8 +412,8 @@ func TestSyncPodCIDRChange(t *testing.T) {
 // incrementally; after each the table equals a full sync's.
 func TestSyncRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	f := NewFake()
-	tb := NewTable(f)
+	f := nfttest.NewFake()
+	tb := nft.NewTable(f)
 	steps := 300
 	if testing.Short() {
 		steps = 60
@@ -433,12 +436,12 @@ func TestSyncRandom(t *testing.T) {
 // the table equal to a full sync's.
 func TestUpdateRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	f := NewFake()
-	tb := NewTable(f)
+	f := nfttest.NewFake()
+	tb := nft.NewTable(f)
 	if _, err := tb.Update(nil, nil); err == nil {
 		t.Fatalf("Update before the first Sync: no error")
 	}
-	var prev State
+	var prev nft.State
 	for step := range 200 {
 		s := randomState(rng)
 		if step == 0 || rng.IntN(20) == 0 {
@@ -477,10 +480,10 @@ func TestUpdateRandom(t *testing.T) {
 
 // randomState draws a State from small pools of names, addresses and
 // ports, so that services come, go, change and collide.
-func randomState(rng *rand.Rand) State {
+func randomState(rng *rand.Rand) nft.State {
 	pick := func(n int) bool { return rng.IntN(n) == 0 }
 	addrs := []netip.Addr{ip("10.42.0.5"), ip("10.42.0.6"), ip("10.42.1.7"), ip("10.42.1.9"), ip("fd00:42::5"), ip("fd00:42::7")}
-	s := State{PodCIDR: tsPodCIDR}
+	s := nft.State{PodCIDR: tsPodCIDR}
 	for _, hp := range tsHostPorts() {
 		if pick(2) {
 			s.HostPorts = append(s.HostPorts, hp)
@@ -534,24 +537,18 @@ func randomState(rng *rand.Rand) State {
 func TestTableCounts(t *testing.T) {
 	f, tb := synced(t, tsState())
 	chains, rules, elements := tb.Counts()
-	var wantRules, wantElems int
-	for _, c := range f.table.chains {
-		wantRules += len(c.rules)
-	}
-	for _, m := range f.table.maps {
-		wantElems += len(m.elems)
-	}
-	if chains != len(f.table.chains) || rules != wantRules || elements != wantElems {
+	wantChains, wantRules, wantElems := f.Counts()
+	if chains != wantChains || rules != wantRules || elements != wantElems {
 		t.Errorf("Counts = %d, %d, %d; the table has %d chains, %d rules, %d elements",
-			chains, rules, elements, len(f.table.chains), wantRules, wantElems)
+			chains, rules, elements, wantChains, wantRules, wantElems)
 	}
 }
 
 // discard is a Ruleset that applies nothing.
 type discard struct{}
 
-func (discard) Apply(*Tx) error         { return nil }
-func (discard) List() (Contents, error) { return Contents{}, nil }
+func (discard) Apply(*nft.Tx) error         { return nil }
+func (discard) List() (nft.Contents, error) { return nft.Contents{}, nil }
 
 // TestTableMemory: what a Table keeps for 10,000 services of 5 endpoints
 // each stays within a budget.
@@ -564,7 +561,7 @@ func TestTableMemory(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	tb := NewTable(discard{})
+	tb := nft.NewTable(discard{})
 	if _, err := tb.Sync(s); err != nil {
 		t.Fatal(err)
 	}
@@ -579,15 +576,21 @@ func TestTableMemory(t *testing.T) {
 	}
 }
 
-// syncTimer wraps a Ruleset to time its Applies.
+// ruleset is what a Table applies through (proxy.Ruleset).
+type ruleset interface {
+	Apply(tx *nft.Tx) error
+	List() (nft.Contents, error)
+}
+
+// syncTimer wraps a ruleset to time its Applies.
 type syncTimer struct {
-	Ruleset
+	ruleset
 	apply time.Duration
 }
 
-func (s *syncTimer) Apply(tx *Tx) error {
+func (s *syncTimer) Apply(tx *nft.Tx) error {
 	start := time.Now()
-	err := s.Ruleset.Apply(tx)
+	err := s.ruleset.Apply(tx)
 	s.apply += time.Since(start)
 	return err
 }
@@ -602,8 +605,8 @@ func BenchmarkTableColdSync(b *testing.B) {
 			var ops int
 			var apply time.Duration
 			for b.Loop() {
-				rs := &syncTimer{Ruleset: NewFake()}
-				got, err := NewTable(rs).Sync(s)
+				rs := &syncTimer{ruleset: nfttest.NewFake()}
+				got, err := nft.NewTable(rs).Sync(s)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -629,8 +632,8 @@ func BenchmarkTableUpdateOne(b *testing.B) {
 			changed := extra
 			changed.Endpoints = slices.Clone(extra.Endpoints[1:])
 			added, modified := withServices(base, extra), withServices(base, changed)
-			rs := &syncTimer{Ruleset: NewFake()}
-			tb := NewTable(rs)
+			rs := &syncTimer{ruleset: nfttest.NewFake()}
+			tb := nft.NewTable(rs)
 			if _, err := tb.Sync(base); err != nil {
 				b.Fatal(err)
 			}
@@ -638,7 +641,7 @@ func BenchmarkTableUpdateOne(b *testing.B) {
 			b.ReportAllocs()
 			var ops int
 			for b.Loop() {
-				for _, s := range []State{added, modified, base} {
+				for _, s := range []nft.State{added, modified, base} {
 					got, err := tb.Sync(s)
 					if err != nil {
 						b.Fatal(err)
@@ -656,8 +659,8 @@ func BenchmarkTableUpdateOne(b *testing.B) {
 // TestE2ETableNetlink: the Table's full and incremental Txs apply to the
 // kernel (in a fresh netns) and leave there what they leave in the Fake.
 func TestE2ETableNetlink(t *testing.T) {
-	ns := newNetNS(t)
-	tb := NewTable(NewNetlink(ns))
+	ns := nfttest.NetNS(t)
+	tb := nft.NewTable(nft.NewNetlink(ns))
 	rng := rand.New(rand.NewPCG(3, 4))
 	steps := 40
 	if testing.Short() {
@@ -675,29 +678,8 @@ func TestE2ETableNetlink(t *testing.T) {
 			t.Fatalf("step %d: %v", step, err)
 		}
 		fresh, _ := synced(t, s)
-		if got, want := normalizeNFT(nftListTable(t, ns)), fresh.Dump(); got != want {
-			t.Fatalf("step %d: kernel differs from a full sync on the Fake (nft %s):\n%s", step, nftVersion(), lineDiff(want, got))
-		}
-	}
-}
-
-// TestGroupPacks: a packed group gives back its endpoints, of either
-// family.
-func TestGroupPacks(t *testing.T) {
-	for _, eps := range [][]netip.AddrPort{
-		nil,
-		{netip.MustParseAddrPort("10.0.0.1:80")},
-		{netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("255.1.2.3:65535"), netip.MustParseAddrPort("0.0.0.0:0")},
-		{netip.MustParseAddrPort("[fd00::1]:8080"), netip.MustParseAddrPort("[2001:db8::ff:1]:1")},
-	} {
-		g := packGroup(eps)
-		if g.len() != len(eps) {
-			t.Fatalf("%v: len %d", eps, g.len())
-		}
-		for n, want := range eps {
-			if got := g.at(n); got != want {
-				t.Errorf("%v: at(%d) = %v, want %v", eps, n, got, want)
-			}
+		if got, want := nfttest.Normalize(nfttest.ListTable(t, ns)), fresh.Dump(); got != want {
+			t.Fatalf("step %d: kernel differs from a full sync on the Fake (nft %s):\n%s", step, nfttest.NFTVersion(), nfttest.LineDiff(want, got))
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -195,7 +196,7 @@ func benchService(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 // on the Fake ruleset that synced them once.
 func benchProxy(b *testing.B, n int) (*store.Store, *Proxy) {
 	st := benchStore(b, n)
-	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nft.NewFake()})
+	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nfttest.NewFake()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -26,7 +26,7 @@ func TestSyncIncrementalMatchesFull(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	st := openStore(t)
 	ag := newAgent(true)
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f, LocalPods: ag.LocalPods})
 	put(t, st.Services(), store.SourceStatic, webService())
 	pods := []*corev1.Pod{newPod("web-a", "web"), newPod("web-b", "web")}
@@ -94,7 +94,7 @@ func TestSyncIncrementalMatchesFull(t *testing.T) {
 			}
 		}
 		mustSync(t, p)
-		fresh := nft.NewFake()
+		fresh := nfttest.NewFake()
 		q := newProxy(t, Config{}, Deps{Store: st, Ruleset: fresh, LocalPods: ag.LocalPods})
 		mustSync(t, q)
 		q.feed.Close()
@@ -133,7 +133,7 @@ func TestSyncConntrackAPI(t *testing.T) {
 	other := netip.MustParseAddr("10.42.1.8")
 	put(t, st.EndpointSlices(), store.SourceAPI, sl(remoteIP, other))
 	ct := &recorder{}
-	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: nft.NewFake(), Conntrack: ct})
+	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: nfttest.NewFake(), Conntrack: ct})
 	check := conntrackCheck(t, p, ct)
 	check("first sync")
 	put(t, st.EndpointSlices(), store.SourceAPI, sl(remoteIP))

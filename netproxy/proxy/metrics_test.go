@@ -9,6 +9,7 @@ import (
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
 	"github.com/outpost-edge/outpost/internal/promtext"
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -31,7 +32,7 @@ func TestWriteMetrics(t *testing.T) {
 	ag := newAgent(true)
 	ag.set(a, podAIP, true)
 	clk := clocktest.New(time.Unix(1000, 0))
-	rs := &slow{flaky: &flaky{Fake: nft.NewFake(), failAt: 2}, clk: clk, d: 30 * time.Millisecond}
+	rs := &slow{flaky: &flaky{Fake: nfttest.NewFake(), failAt: 2}, clk: clk, d: 30 * time.Millisecond}
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: rs, LocalPods: ag.LocalPods, Clock: clk})
 
 	mustSync(t, p) // full

@@ -65,10 +65,21 @@ const (
 // whether the agent has seen every pod it runs since it started (settled).
 type LocalPods func() (pods []netproxy.LocalPod, settled bool)
 
+// Ruleset applies Txs to the outpost table: nft.Netlink, or
+// nfttest.Fake in tests.
+type Ruleset interface {
+	// Apply applies tx atomically: all of it or none.
+	Apply(tx *nft.Tx) error
+	// List returns what the table holds; an absent table holds nothing.
+	List() (nft.Contents, error)
+}
+
+var _ Ruleset = (*nft.Netlink)(nil)
+
 // Deps are the proxy's collaborators.
 type Deps struct {
 	Store   *store.Store
-	Ruleset nft.Ruleset
+	Ruleset Ruleset
 	// LocalPods gives the readiness of local pods; nil means every pod of
 	// the store that has an address counts as ready.
 	LocalPods LocalPods

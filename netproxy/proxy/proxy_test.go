@@ -21,6 +21,7 @@ import (
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
 	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -169,7 +170,7 @@ func isNode(a netip.Addr) bool { return a == nodeIP }
 
 // dnats returns where the packet can be DNATed to, sorted ("accept" or
 // "reject" for an outcome without DNAT).
-func dnats(t *testing.T, f *nft.Fake, p nft.Packet) []string {
+func dnats(t *testing.T, f *nfttest.Fake, p nfttest.Packet) []string {
 	t.Helper()
 	outs, err := f.Trace(p, isNode)
 	if err != nil {
@@ -190,11 +191,11 @@ func dnats(t *testing.T, f *nft.Fake, p nft.Packet) []string {
 	return got
 }
 
-func tcp(src, dst netip.Addr, port uint16) nft.Packet {
-	return nft.Packet{Src: src, Dst: dst, Protocol: "TCP", Port: port}
+func tcp(src, dst netip.Addr, port uint16) nfttest.Packet {
+	return nfttest.Packet{Src: src, Dst: dst, Protocol: "TCP", Port: port}
 }
 
-func checkDNATs(t *testing.T, what string, f *nft.Fake, p nft.Packet, want ...string) {
+func checkDNATs(t *testing.T, what string, f *nfttest.Fake, p nfttest.Packet, want ...string) {
 	t.Helper()
 	if got := dnats(t, f, p); !slices.Equal(got, want) {
 		t.Errorf("%s: %s %s -> %s:%d goes to %q, want %q", what, p.Protocol, p.Src, p.Dst, p.Port, got, want)
@@ -222,7 +223,7 @@ func TestSyncStandalone(t *testing.T) {
 	ag.set(a, podAIP, true)
 	ag.set(b, podBIP, true)
 	ag.set(other, netip.MustParseAddr("10.42.0.9"), true)
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f, LocalPods: ag.LocalPods})
 
 	mustSync(t, p)
@@ -260,7 +261,7 @@ func TestSyncWithoutLocalPods(t *testing.T) {
 	if err := st.Reserve(podAIP.String(), string(a.UID)); err != nil {
 		t.Fatal(err)
 	}
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	mustSync(t, newProxy(t, Config{}, Deps{Store: st, Ruleset: f}))
 	checkDNATs(t, "one pod with an address", f, tcp(clientIP, webIP, 80), "10.42.0.5:8080")
 }
@@ -315,7 +316,7 @@ func TestSyncAPIService(t *testing.T) {
 	))
 	ag := newAgent(true)
 	ag.set(local, podAIP, true)
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f, LocalPods: ag.LocalPods})
 
 	mustSync(t, p)
@@ -368,14 +369,14 @@ func TestSyncHostPorts(t *testing.T) {
 	if err := st.Reserve(nodeIP.String(), string(hostNet.UID)); err != nil {
 		t.Fatal(err)
 	}
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f})
 	mustSync(t, p)
 
 	outside := netip.MustParseAddr("198.51.100.1")
 	checkDNATs(t, "hostPort", f, tcp(outside, nodeIP, 30080), "10.42.0.7:8080")
-	checkDNATs(t, "hostPort from the node", f, nft.Packet{Src: nodeIP, Dst: nodeIP, Protocol: "TCP", Port: 30080, Output: true}, "10.42.0.7:8080")
-	checkDNATs(t, "UDP hostPort on the host IP", f, nft.Packet{Src: outside, Dst: nodeIP, Protocol: "UDP", Port: 30053}, "10.42.0.7:53")
+	checkDNATs(t, "hostPort from the node", f, nfttest.Packet{Src: nodeIP, Dst: nodeIP, Protocol: "TCP", Port: 30080, Output: true}, "10.42.0.7:8080")
+	checkDNATs(t, "UDP hostPort on the host IP", f, nfttest.Packet{Src: outside, Dst: nodeIP, Protocol: "UDP", Port: 30053}, "10.42.0.7:53")
 	checkDNATs(t, "pod without an address", f, tcp(outside, nodeIP, 30081), "accept")
 	checkDNATs(t, "hostNetwork pod", f, tcp(outside, nodeIP, 30082), "accept")
 	checkDNATs(t, "not the node's address", f, tcp(outside, netip.MustParseAddr("192.0.2.99"), 30080), "accept")
@@ -407,7 +408,7 @@ func TestSyncBadHostPortKeepsServices(t *testing.T) {
 	if err := st.Reserve(podAIP.String(), string(a.UID)); err != nil {
 		t.Fatal(err)
 	}
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f})
 	if err := p.Sync(); err != nil {
 		t.Fatalf("Sync: %v", err)
@@ -478,7 +479,7 @@ func TestRun(t *testing.T) {
 	ag.set(a, podAIP, true)
 	ag.set(b, podBIP, true)
 	clk := clocktest.New(time.Unix(1000, 0))
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f, LocalPods: ag.LocalPods, Changed: ag.changed, Clock: clk})
 	stop := run(t, p)
 	step := func() { clk.Advance(DefaultMinSyncInterval) }
@@ -514,9 +515,11 @@ func TestRun(t *testing.T) {
 	}
 }
 
+var _ Ruleset = (*nfttest.Fake)(nil)
+
 // flaky is a Fake whose failAt-th Apply fails (and changes nothing).
 type flaky struct {
-	*nft.Fake
+	*nfttest.Fake
 	mu      sync.Mutex
 	applies int
 	failAt  int
@@ -552,7 +555,7 @@ func TestRunRetries(t *testing.T) {
 			ag.set(a, podAIP, true)
 			ag.drain()
 			clk := clocktest.New(time.Unix(1000, 0))
-			rs := &flaky{Fake: nft.NewFake(), failAt: tc.failAt}
+			rs := &flaky{Fake: nfttest.NewFake(), failAt: tc.failAt}
 			p := newProxy(t, Config{}, Deps{Store: st, Ruleset: rs, LocalPods: ag.LocalPods, Changed: ag.changed, Clock: clk})
 			run(t, p)
 			step := func() { clk.Advance(10 * time.Millisecond) }
@@ -577,7 +580,7 @@ func TestRunRetries(t *testing.T) {
 			if !slices.ContainsFunc(rs.Last(), func(op nft.Op) bool { return op.Kind == nft.OpAddMap }) {
 				t.Errorf("the retry was not a full sync: %d ops", len(rs.Last()))
 			}
-			fresh := nft.NewFake()
+			fresh := nfttest.NewFake()
 			mustSync(t, newProxy(t, Config{}, Deps{Store: st, Ruleset: fresh, LocalPods: ag.LocalPods}))
 			if got, want := rs.Dump(), fresh.Dump(); got != want {
 				t.Errorf("after the retry the table is\n%s\nwant\n%s", got, want)
@@ -593,13 +596,13 @@ func TestRunSettle(t *testing.T) {
 	a, b := newPod("web-a", "web"), newPod("web-b", "web")
 	// prior returns a store and a Fake holding what the earlier run
 	// applied: web with both pods ready.
-	prior := func(t *testing.T) (*store.Store, *nft.Fake) {
+	prior := func(t *testing.T) (*store.Store, *nfttest.Fake) {
 		st := openStore(t)
 		put(t, st.Services(), store.SourceStatic, webService())
 		ag := newAgent(true)
 		ag.set(a, podAIP, true)
 		ag.set(b, podBIP, true)
-		f := nft.NewFake()
+		f := nfttest.NewFake()
 		mustSync(t, newProxy(t, Config{}, Deps{Store: st, Ruleset: f, LocalPods: ag.LocalPods}))
 		return st, f
 	}
@@ -648,7 +651,7 @@ func TestRunSettle(t *testing.T) {
 	t.Run("empty table: at once", func(t *testing.T) {
 		st, _ := prior(t)
 		ag := newAgent(false)
-		f := nft.NewFake()
+		f := nfttest.NewFake()
 		p := newProxy(t, Config{}, Deps{Store: st, Ruleset: f, LocalPods: ag.LocalPods, Changed: ag.changed, Clock: clocktest.New(time.Unix(1000, 0))})
 		run(t, p)
 		// The clock never moves: only a sync that does not wait happens.
@@ -801,7 +804,7 @@ func TestSyncConntrack(t *testing.T) {
 	ag.set(b, podBIP, true)
 	ag.set(w, netip.MustParseAddr("10.42.0.9"), true)
 	ct := &recorder{}
-	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: nft.NewFake(), LocalPods: ag.LocalPods, Conntrack: ct})
+	p := newProxy(t, Config{}, Deps{Store: st, Ruleset: nfttest.NewFake(), LocalPods: ag.LocalPods, Conntrack: ct})
 
 	check := conntrackCheck(t, p, ct)
 	check("first sync")
@@ -839,7 +842,7 @@ func TestSyncConntrack(t *testing.T) {
 // ruleset.
 func TestNewErrors(t *testing.T) {
 	st := openStore(t)
-	f := nft.NewFake()
+	f := nfttest.NewFake()
 	for _, tc := range []struct {
 		name string
 		cfg  Config

@@ -285,3 +285,26 @@ func TestLinkedPackagesList(t *testing.T) {
 		}
 	}
 }
+
+// testSupport reports whether path is one of our test-support packages
+// (agent/runtimetest, internal/clock/clocktest, netproxy/nfttest, …):
+// fakes and helpers named like net/http/httptest.
+func testSupport(path string) bool {
+	return under(path, module) && strings.HasSuffix(path[strings.LastIndex(path, "/")+1:], "test")
+}
+
+// TestOnlyTestsImportTestSupport fails when code that is not a test (nor
+// itself test support) imports a test-support package: fakes stay out of
+// production packages and out of the binary.
+func TestOnlyTestsImportTestSupport(t *testing.T) {
+	for _, p := range goList(t, "linux", "amd64", "./...") {
+		if !under(p.path, module) || under(p.path, own("test")) || testSupport(p.path) {
+			continue
+		}
+		for _, imp := range p.imports {
+			if testSupport(imp) {
+				t.Errorf("%s imports %s: only tests may use test support", strings.TrimPrefix(p.path, module+"/"), strings.TrimPrefix(imp, module+"/"))
+			}
+		}
+	}
+}

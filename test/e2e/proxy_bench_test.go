@@ -524,7 +524,7 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 
 // pbTimedRuleset adds up the time its Applies take.
 type pbTimedRuleset struct {
-	nft.Ruleset
+	proxy.Ruleset
 	apply time.Duration
 }
 

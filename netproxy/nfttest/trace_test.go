@@ -1,10 +1,12 @@
-package nft
+package nfttest
 
 import (
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/outpost-edge/outpost/netproxy/nft"
 )
 
 var (
@@ -146,13 +148,13 @@ func TestTraceAffinity(t *testing.T) {
 		}
 	}
 	// Deleting the set forgets its elements.
-	tx := &Tx{}
+	tx := &nft.Tx{}
 	tx.FlushChain("svc-web")
 	tx.FlushChain("ep-web-1")
-	tx.DelSet(AddrSet{Name: "affinity-web-ep1"})
-	tx.AddSet(AddrSet{Name: "affinity-web-ep1", Timeout: 10800e9})
-	tx.AddRule("svc-web", SetLookup{Set: "affinity-web-ep1"}, VerdictStmt{Goto("ep-web-1")})
-	tx.AddRule("ep-web-1", DNAT{Addr: mpEP1, Port: 8080})
+	tx.DelSet(nft.AddrSet{Name: "affinity-web-ep1"})
+	tx.AddSet(nft.AddrSet{Name: "affinity-web-ep1", Timeout: 10800e9})
+	tx.AddRule("svc-web", nft.SetLookup{Set: "affinity-web-ep1"}, nft.VerdictStmt{Verdict: nft.Goto("ep-web-1")})
+	tx.AddRule("ep-web-1", nft.DNAT{Addr: mpEP1, Port: 8080})
 	if err := f.Apply(tx); err != nil {
 		t.Fatal(err)
 	}
@@ -170,14 +172,14 @@ func TestTraceAffinity(t *testing.T) {
 // filter chains still run; a DNAT of the other family does nothing.
 func TestTraceNATOnce(t *testing.T) {
 	f := NewFake()
-	tx := &Tx{}
-	tx.AddChain(Chain{Name: "a", Base: &Base{Type: ChainTypeNAT, Hook: HookPrerouting, Priority: -100}})
-	tx.AddChain(Chain{Name: "b", Base: &Base{Type: ChainTypeNAT, Hook: HookPrerouting, Priority: -90}})
-	tx.AddChain(Chain{Name: "c", Base: &Base{Type: ChainTypeFilter, Hook: HookPrerouting, Priority: -95}})
-	tx.AddRule("a", MatchProtoPort{Protocol: "TCP", Port: 1}, DNAT{Addr: mpEP6, Port: 6})
-	tx.AddRule("a", MatchProtoPort{Protocol: "TCP", Port: 1}, DNAT{Addr: mpEP1, Port: 1})
-	tx.AddRule("b", DNAT{Addr: mpEP2, Port: 2})
-	tx.AddRule("c", MatchDNATed{}, VerdictStmt{Verdict{Kind: VerdictDrop}})
+	tx := &nft.Tx{}
+	tx.AddChain(nft.Chain{Name: "a", Base: &nft.Base{Type: nft.ChainTypeNAT, Hook: nft.HookPrerouting, Priority: -100}})
+	tx.AddChain(nft.Chain{Name: "b", Base: &nft.Base{Type: nft.ChainTypeNAT, Hook: nft.HookPrerouting, Priority: -90}})
+	tx.AddChain(nft.Chain{Name: "c", Base: &nft.Base{Type: nft.ChainTypeFilter, Hook: nft.HookPrerouting, Priority: -95}})
+	tx.AddRule("a", nft.MatchProtoPort{Protocol: "TCP", Port: 1}, nft.DNAT{Addr: mpEP6, Port: 6})
+	tx.AddRule("a", nft.MatchProtoPort{Protocol: "TCP", Port: 1}, nft.DNAT{Addr: mpEP1, Port: 1})
+	tx.AddRule("b", nft.DNAT{Addr: mpEP2, Port: 2})
+	tx.AddRule("c", nft.MatchDNATed{}, nft.VerdictStmt{Verdict: nft.Verdict{Kind: nft.VerdictDrop}})
 	if err := f.Apply(tx); err != nil {
 		t.Fatal(err)
 	}
@@ -195,13 +197,9 @@ func TestTraceNATOnce(t *testing.T) {
 	}
 }
 
-type bogusStmt struct{}
-
-func (bogusStmt) String() string { return "bogus" }
-
 func TestTraceErrors(t *testing.T) {
 	f := NewFake()
-	tx := &Tx{}
+	tx := &nft.Tx{}
 	tx.AddChain(mpNatPre)
 	if err := f.Apply(tx); err != nil {
 		t.Fatal(err)
@@ -215,13 +213,15 @@ func TestTraceErrors(t *testing.T) {
 			t.Errorf("Trace(%+v) succeeded", p)
 		}
 	}
-	// Apply refuses unknown statements; put one in behind its back.
-	f.table.chains[mpNatPre.Name].rules = []Rule{{Stmts: []Stmt{bogusStmt{}}}}
-	if _, err := f.Trace(Packet{Src: mpClient, Dst: mpClusterIP, Protocol: "TCP", Port: 1}, nil); err == nil || !strings.Contains(err.Error(), "bogusStmt") {
+	// Apply refuses unknown statements (only nft's statement types are
+	// statements, and a pointer to one is not); put one in behind its
+	// back.
+	f.table.chains[mpNatPre.Name].rules = []nft.Rule{{Stmts: []nft.Stmt{&nft.MatchDNATed{}}}}
+	if _, err := f.Trace(Packet{Src: mpClient, Dst: mpClusterIP, Protocol: "TCP", Port: 1}, nil); err == nil || !strings.Contains(err.Error(), "*nft.MatchDNATed") {
 		t.Errorf("Trace over an unknown statement = %v", err)
 	}
 	// A loop (which Apply refuses too).
-	f.table.chains[mpNatPre.Name].rules = []Rule{{Stmts: []Stmt{VerdictStmt{Goto(mpNatPre.Name)}}}}
+	f.table.chains[mpNatPre.Name].rules = []nft.Rule{{Stmts: []nft.Stmt{nft.VerdictStmt{Verdict: nft.Goto(mpNatPre.Name)}}}}
 	if _, err := f.Trace(Packet{Src: mpClient, Dst: mpClusterIP, Protocol: "TCP", Port: 1}, nil); err == nil || !strings.Contains(err.Error(), "loop") {
 		t.Errorf("Trace over a loop = %v", err)
 	}

@@ -1,4 +1,4 @@
-package nft
+package nfttest
 
 import (
 	"cmp"
@@ -13,14 +13,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/nft"
 )
 
-// Fake is an in-memory Ruleset for tests. Apply is transactional like the
+// Fake is an in-memory proxy.Ruleset for tests. Apply is transactional like the
 // kernel: every op of a Tx is validated and applied to a copy, and on the
 // first error nothing changes; the error names the op (index, kind,
 // object). It refuses what the kernel refuses, with the kernel's errno
 // (errors.Is(err, unix.ENOENT) holds for both; TestE2ENetlinkMatchesFake
-// checks each case against the kernel), including what the kernel checks
+// checks each case against nft.Netlink), including what the kernel checks
 // at commit: loops and jump depth, and dnat, masquerade and reject
 // reachable from a base chain whose hook or type does not allow them. It
 // is stricter than the kernel where the Tx contract is:
@@ -44,7 +45,7 @@ type Fake struct {
 	table *fakeTable // nil: no table
 	txs   int
 	ops   int
-	last  []Op
+	last  []nft.Op
 	// affinity holds the addresses tests put in sets, by set name.
 	affinity map[string]map[netip.Addr]bool
 }
@@ -57,7 +58,7 @@ func NewFake() *Fake {
 type fakeTable struct {
 	chains map[string]*fakeChain
 	maps   map[string]*fakeMap
-	sets   map[string]*AddrSet
+	sets   map[string]*nft.AddrSet
 	// Who refers to what, with counts: ruleRefs[c][p] counts the rules of
 	// chain p that jump or go to chain c (verdicts and numgen);
 	// elemRefs[c][m] the elements of map m that do; mapUsers[m][p] the
@@ -70,20 +71,20 @@ type fakeTable struct {
 }
 
 type fakeChain struct {
-	base  *Base
-	rules []Rule
+	base  *nft.Base
+	rules []nft.Rule
 }
 
 type fakeMap struct {
-	key   KeyType
+	key   nft.KeyType
 	set   bool // a plain set: elements have no verdict
-	elems map[MapKey]fakeElem
+	elems map[nft.MapKey]fakeElem
 }
 
 // fakeElem is what an element maps to: a verdict, or (in an endpoint
 // map) an address and port.
 type fakeElem struct {
-	Verdict
+	nft.Verdict
 	data netip.AddrPort
 }
 
@@ -91,7 +92,7 @@ func newFakeTable() *fakeTable {
 	return &fakeTable{
 		chains:   map[string]*fakeChain{},
 		maps:     map[string]*fakeMap{},
-		sets:     map[string]*AddrSet{},
+		sets:     map[string]*nft.AddrSet{},
 		ruleRefs: map[string]map[string]int{},
 		elemRefs: map[string]map[string]int{},
 		mapUsers: map[string]map[string]int{},
@@ -150,7 +151,7 @@ func put[K comparable, V any](x *fakeTx, m map[K]V, k K, v V, del bool) {
 
 func (x *fakeTx) setChain(name string, c *fakeChain) { put(x, x.t.chains, name, c, c == nil) }
 
-func (x *fakeTx) setRules(c *fakeChain, rules []Rule) {
+func (x *fakeTx) setRules(c *fakeChain, rules []nft.Rule) {
 	old := c.rules
 	x.undo = append(x.undo, func() { c.rules = old })
 	c.rules = rules
@@ -158,9 +159,9 @@ func (x *fakeTx) setRules(c *fakeChain, rules []Rule) {
 
 func (x *fakeTx) setMap(name string, m *fakeMap) { put(x, x.t.maps, name, m, m == nil) }
 
-func (x *fakeTx) setElem(m *fakeMap, k MapKey, v fakeElem, add bool) { put(x, m.elems, k, v, !add) }
+func (x *fakeTx) setElem(m *fakeMap, k nft.MapKey, v fakeElem, add bool) { put(x, m.elems, k, v, !add) }
 
-func (x *fakeTx) setSet(name string, s *AddrSet) { put(x, x.t.sets, name, s, s == nil) }
+func (x *fakeTx) setSet(name string, s *nft.AddrSet) { put(x, x.t.sets, name, s, s == nil) }
 
 func (x *fakeTx) bump(m map[string]int, k string, d int) {
 	old := m[k]
@@ -194,7 +195,7 @@ func (x *fakeTx) bump2(m map[string]map[string]int, k1, k2 string, d int) {
 
 // Apply applies tx atomically. An empty Tx changes nothing (and, like
 // Netlink's, does not create the table).
-func (f *Fake) Apply(tx *Tx) error {
+func (f *Fake) Apply(tx *nft.Tx) error {
 	if tx == nil || len(tx.Ops) == 0 {
 		return nil
 	}
@@ -204,7 +205,7 @@ func (f *Fake) Apply(tx *Tx) error {
 	for i, op := range tx.Ops {
 		if err := x.apply(op); err != nil {
 			x.rollback()
-			return fmt.Errorf("apply tx: op %d (%s): %w", i, describeOp(op), err)
+			return fmt.Errorf("apply tx: op %d (%s): %w", i, op.String(), err)
 		}
 	}
 	if x.t != nil {
@@ -240,17 +241,34 @@ func (f *Fake) Txs() int {
 }
 
 // Last returns the ops of the last successful non-empty Apply.
-func (f *Fake) Last() []Op {
+func (f *Fake) Last() []nft.Op {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.last)
 }
 
-// List returns the names of the table's chains, maps and sets, sorted.
-func (f *Fake) List() (Contents, error) {
+// Counts returns how many chains, rules and map elements the table
+// holds.
+func (f *Fake) Counts() (chains, rules, elements int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var c Contents
+	if f.table == nil {
+		return 0, 0, 0
+	}
+	for _, c := range f.table.chains {
+		rules += len(c.rules)
+	}
+	for _, m := range f.table.maps {
+		elements += len(m.elems)
+	}
+	return len(f.table.chains), rules, elements
+}
+
+// List returns the names of the table's chains, maps and sets, sorted.
+func (f *Fake) List() (nft.Contents, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var c nft.Contents
 	if f.table == nil {
 		return c, nil
 	}
@@ -260,51 +278,8 @@ func (f *Fake) List() (Contents, error) {
 	return c, nil
 }
 
-// describeOp names an op for an error: `add rule to chain svc-x`.
-func describeOp(op Op) string {
-	switch op.Kind {
-	case OpAddChain:
-		return "add chain " + op.Chain.Name
-	case OpFlushChain:
-		return "flush chain " + op.Chain.Name
-	case OpDelChain:
-		return "delete chain " + op.Chain.Name
-	case OpAddRule:
-		return "add rule to chain " + op.Chain.Name
-	case OpAddMap:
-		return "add map " + op.Map.Name
-	case OpDelMap:
-		return "delete map " + op.Map.Name
-	case OpAddElem:
-		return fmt.Sprintf("add element %s to map %s", op.Key, op.Map.Name)
-	case OpDelElem:
-		return fmt.Sprintf("delete element %s from map %s", op.Key, op.Map.Name)
-	case OpAddSet:
-		return "add set " + op.Set.Name
-	case OpDelSet:
-		return "delete set " + op.Set.Name
-	case OpDelTable:
-		return "delete table " + netproxy.TableName
-	}
-	return fmt.Sprintf("op kind %d", int(op.Kind))
-}
-
-// maxNameLen is the longest chain, set or map name the kernel takes
-// (NFT_NAME_MAXLEN, 256 with the NUL).
-const maxNameLen = 255
-
-func checkName(what, name string) error {
-	if name == "" {
-		return fmt.Errorf("%s name is empty: %w", what, unix.EINVAL)
-	}
-	if len(name) > maxNameLen {
-		return fmt.Errorf("%s name is %d bytes, the kernel takes at most %d: %w", what, len(name), maxNameLen, unix.ENAMETOOLONG)
-	}
-	return nil
-}
-
-func (x *fakeTx) apply(op Op) error {
-	if op.Kind == OpDelTable {
+func (x *fakeTx) apply(op nft.Op) error {
+	if op.Kind == nft.OpDelTable {
 		if x.t != nil {
 			for name := range x.t.sets {
 				x.delSets[name] = true
@@ -321,9 +296,9 @@ func (x *fakeTx) apply(op Op) error {
 	}
 	t := x.t
 	switch op.Kind {
-	case OpAddChain:
+	case nft.OpAddChain:
 		return x.addChain(op.Chain)
-	case OpFlushChain:
+	case nft.OpFlushChain:
 		c := t.chains[op.Chain.Name]
 		if c == nil {
 			return fmt.Errorf("no such chain: %w", unix.ENOENT)
@@ -332,7 +307,7 @@ func (x *fakeTx) apply(op Op) error {
 			x.refRule(op.Chain.Name, r, -1)
 		}
 		x.setRules(c, nil)
-	case OpDelChain:
+	case nft.OpDelChain:
 		c := t.chains[op.Chain.Name]
 		if c == nil {
 			return fmt.Errorf("no such chain: %w", unix.ENOENT)
@@ -344,7 +319,7 @@ func (x *fakeTx) apply(op Op) error {
 			return fmt.Errorf("chain is the target of %d rules or map elements: %w", n, unix.EBUSY)
 		}
 		x.setChain(op.Chain.Name, nil)
-	case OpAddRule:
+	case nft.OpAddRule:
 		c := t.chains[op.Chain.Name]
 		if c == nil {
 			return fmt.Errorf("no such chain: %w", unix.ENOENT)
@@ -358,8 +333,8 @@ func (x *fakeTx) apply(op Op) error {
 		x.setRules(c, append(c.rules, r))
 		x.refRule(op.Chain.Name, r, 1)
 		x.dirty[op.Chain.Name] = true
-	case OpAddMap:
-		if err := checkName("map", op.Map.Name); err != nil {
+	case nft.OpAddMap:
+		if err := nft.CheckName("map", op.Map.Name); err != nil {
 			return err
 		}
 		if err := checkKeyType(op.Map.Key); err != nil {
@@ -374,8 +349,8 @@ func (x *fakeTx) apply(op Op) error {
 			}
 			return nil
 		}
-		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, elems: map[MapKey]fakeElem{}})
-	case OpDelMap:
+		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, elems: map[nft.MapKey]fakeElem{}})
+	case nft.OpDelMap:
 		m := t.maps[op.Map.Name]
 		if m == nil {
 			return fmt.Errorf("no such map: %w", unix.ENOENT)
@@ -393,7 +368,7 @@ func (x *fakeTx) apply(op Op) error {
 			}
 		}
 		x.setMap(op.Map.Name, nil)
-	case OpAddElem:
+	case nft.OpAddElem:
 		m := t.maps[op.Map.Name]
 		if m == nil {
 			return fmt.Errorf("no such map: %w", unix.ENOENT)
@@ -403,8 +378,8 @@ func (x *fakeTx) apply(op Op) error {
 			return err
 		}
 		switch {
-		case m.set || endpointKey(m.key):
-			if op.Verdict != (Verdict{}) {
+		case m.set || m.key.Endpoint():
+			if op.Verdict != (nft.Verdict{}) {
 				return fmt.Errorf("element of %s with verdict %s: %w", op.Map.Name, op.Verdict, unix.EINVAL)
 			}
 		default:
@@ -412,7 +387,7 @@ func (x *fakeTx) apply(op Op) error {
 				return err
 			}
 		}
-		if err := checkElemData(m.key, op.Data); err != nil {
+		if err := m.key.CheckData(op.Data); err != nil {
 			return fmt.Errorf("element %s of %s: %w", k.Format(m.key), op.Map.Name, err)
 		}
 		el := fakeElem{Verdict: op.Verdict, data: op.Data}
@@ -427,7 +402,7 @@ func (x *fakeTx) apply(op Op) error {
 			x.bump2(t.elemRefs, c, op.Map.Name, 1)
 			x.dirty[c] = true
 		}
-	case OpDelElem:
+	case nft.OpDelElem:
 		m := t.maps[op.Map.Name]
 		if m == nil {
 			return fmt.Errorf("no such map: %w", unix.ENOENT)
@@ -444,8 +419,8 @@ func (x *fakeTx) apply(op Op) error {
 		if v.Chain != "" {
 			x.bump2(t.elemRefs, v.Chain, op.Map.Name, -1)
 		}
-	case OpAddSet:
-		if err := checkName("set", op.Set.Name); err != nil {
+	case nft.OpAddSet:
+		if err := nft.CheckName("set", op.Set.Name); err != nil {
 			return err
 		}
 		if op.Set.Timeout < 0 {
@@ -456,7 +431,7 @@ func (x *fakeTx) apply(op Op) error {
 		}
 		if s := t.sets[op.Set.Name]; s != nil {
 			if s.V6 != op.Set.V6 {
-				return fmt.Errorf("set exists with type %s: %w", addrType(s.V6), unix.EEXIST)
+				return fmt.Errorf("set exists with type %s: %w", nft.AddrType(s.V6), unix.EEXIST)
 			}
 			if s.Timeout.Truncate(time.Millisecond) != op.Set.Timeout.Truncate(time.Millisecond) {
 				return fmt.Errorf("set exists with timeout %s (older kernels would keep it): delete and re-create it: %w", s.Timeout, unix.EEXIST)
@@ -465,7 +440,7 @@ func (x *fakeTx) apply(op Op) error {
 		}
 		s := op.Set
 		x.setSet(s.Name, &s)
-	case OpDelSet:
+	case nft.OpDelSet:
 		if t.sets[op.Set.Name] == nil {
 			return fmt.Errorf("no such set: %w", unix.ENOENT)
 		}
@@ -480,8 +455,8 @@ func (x *fakeTx) apply(op Op) error {
 	return nil
 }
 
-func (x *fakeTx) addChain(c Chain) error {
-	if err := checkName("chain", c.Name); err != nil {
+func (x *fakeTx) addChain(c nft.Chain) error {
+	if err := nft.CheckName("chain", c.Name); err != nil {
 		return err
 	}
 	if c.Base != nil {
@@ -491,7 +466,7 @@ func (x *fakeTx) addChain(c Chain) error {
 	}
 	old := x.t.chains[c.Name]
 	if old == nil {
-		var base *Base
+		var base *nft.Base
 		if c.Base != nil {
 			b := *c.Base
 			base = &b
@@ -510,45 +485,29 @@ func (x *fakeTx) addChain(c Chain) error {
 	return nil
 }
 
-func checkBase(b Base) error {
+func checkBase(b nft.Base) error {
 	switch b.Hook {
-	case HookPrerouting, HookInput, HookOutput, HookPostrouting:
-	case HookForward:
-		if b.Type == ChainTypeNAT {
+	case nft.HookPrerouting, nft.HookInput, nft.HookOutput, nft.HookPostrouting:
+	case nft.HookForward:
+		if b.Type == nft.ChainTypeNAT {
 			return fmt.Errorf("nat chains cannot hook forward: %w", unix.EOPNOTSUPP)
 		}
 	default:
 		return fmt.Errorf("unknown hook %q: %w", b.Hook, unix.EOPNOTSUPP)
 	}
-	if b.Type != ChainTypeNAT && b.Type != ChainTypeFilter {
+	if b.Type != nft.ChainTypeNAT && b.Type != nft.ChainTypeFilter {
 		return fmt.Errorf("unknown chain type %q: %w", b.Type, unix.ENOENT)
 	}
 	return nil
 }
 
-func checkKeyType(k KeyType) error {
+func checkKeyType(k nft.KeyType) error {
 	switch k {
-	case KeyAddr4ProtoPort, KeyAddr6ProtoPort, KeyProtoPort, KeyAddr4Pair, KeyAddr6Pair,
-		KeyAddr4ProtoPortIndex, KeyAddr6ProtoPortIndex:
+	case nft.KeyAddr4ProtoPort, nft.KeyAddr6ProtoPort, nft.KeyProtoPort, nft.KeyAddr4Pair, nft.KeyAddr6Pair,
+		nft.KeyAddr4ProtoPortIndex, nft.KeyAddr6ProtoPortIndex:
 		return nil
 	}
 	return fmt.Errorf("unknown key type %q: %w", k, unix.EINVAL)
-}
-
-// checkElemData checks what an element of a map with key k maps to: an
-// endpoint of the key's family in an endpoint map, nothing elsewhere.
-func checkElemData(k KeyType, d netip.AddrPort) error {
-	if !endpointKey(k) {
-		if d.IsValid() {
-			return fmt.Errorf("map %s takes no endpoint (%s): %w", k, d, unix.EINVAL)
-		}
-		return nil
-	}
-	v6 := k == KeyAddr6ProtoPortIndex
-	if a := d.Addr(); !a.IsValid() || a.Is6() != v6 || a.Is4In6() || d.Port() == 0 {
-		return fmt.Errorf("endpoint %s: want an %s and a port: %w", d, addrType(v6), unix.EINVAL)
-	}
-	return nil
 }
 
 // format prints the element's value as nft does.
@@ -561,14 +520,14 @@ func (e fakeElem) format() string {
 
 // checkElemKey checks an element's key against the map's key type and returns
 // it with the protocol in upper case.
-func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
+func checkElemKey(mapKey, opKey nft.KeyType, k nft.MapKey) (nft.MapKey, error) {
 	if opKey != mapKey {
 		return k, fmt.Errorf("op says key type %q, map has %q: %w", opKey, mapKey, unix.EINVAL)
 	}
-	if pairKey(mapKey) {
-		v6 := mapKey == KeyAddr6Pair
+	if mapKey.Pair() {
+		v6 := mapKey == nft.KeyAddr6Pair
 		if !k.Addr.IsValid() || !k.Addr2.IsValid() || k.Addr.Is6() != v6 || k.Addr2.Is6() != v6 || k.Addr.Is4In6() || k.Addr2.Is4In6() {
-			return k, fmt.Errorf("key %s: map %s needs two %s addresses: %w", k, mapKey, addrType(v6), unix.EINVAL)
+			return k, fmt.Errorf("key %s: map %s needs two %s addresses: %w", k, mapKey, nft.AddrType(v6), unix.EINVAL)
 		}
 		if k.Protocol != "" || k.Port != 0 {
 			return k, fmt.Errorf("key %s: map %s takes no protocol or port: %w", k, mapKey, unix.EINVAL)
@@ -578,23 +537,23 @@ func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
 	if k.Addr2.IsValid() {
 		return k, fmt.Errorf("key %s: map %s takes one address: %w", k, mapKey, unix.EINVAL)
 	}
-	if k.Index != 0 && !endpointKey(mapKey) {
+	if k.Index != 0 && !mapKey.Endpoint() {
 		return k, fmt.Errorf("key %s: map %s takes no index: %w", k, mapKey, unix.EINVAL)
 	}
 	k.Protocol = strings.ToUpper(k.Protocol)
-	if _, ok := l4proto[k.Protocol]; !ok {
+	if _, ok := nft.ProtocolNumber(k.Protocol); !ok {
 		return k, fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", k.Protocol, unix.EINVAL)
 	}
 	switch mapKey {
-	case KeyAddr4ProtoPort, KeyAddr4ProtoPortIndex:
+	case nft.KeyAddr4ProtoPort, nft.KeyAddr4ProtoPortIndex:
 		if !k.Addr.Is4() {
 			return k, fmt.Errorf("key %s: map %s needs an IPv4 address: %w", k, mapKey, unix.EINVAL)
 		}
-	case KeyAddr6ProtoPort, KeyAddr6ProtoPortIndex:
+	case nft.KeyAddr6ProtoPort, nft.KeyAddr6ProtoPortIndex:
 		if !k.Addr.Is6() || k.Addr.Is4In6() {
 			return k, fmt.Errorf("key %s: map %s needs an IPv6 address: %w", k, mapKey, unix.EINVAL)
 		}
-	case KeyProtoPort:
+	case nft.KeyProtoPort:
 		if k.Addr.IsValid() {
 			return k, fmt.Errorf("key %s: map %s takes no address: %w", k, mapKey, unix.EINVAL)
 		}
@@ -602,14 +561,14 @@ func checkElemKey(mapKey, opKey KeyType, k MapKey) (MapKey, error) {
 	return k, nil
 }
 
-func (t *fakeTable) checkVerdict(v Verdict) error {
+func (t *fakeTable) checkVerdict(v nft.Verdict) error {
 	switch v.Kind {
-	case VerdictAccept, VerdictDrop, VerdictReturn:
+	case nft.VerdictAccept, nft.VerdictDrop, nft.VerdictReturn:
 		if v.Chain != "" {
 			return fmt.Errorf("verdict %s takes no chain: %w", v.Kind, unix.EINVAL)
 		}
 		return nil
-	case VerdictJump, VerdictGoto:
+	case nft.VerdictJump, nft.VerdictGoto:
 		return t.checkTarget(v.Chain)
 	}
 	return fmt.Errorf("unknown verdict %q: %w", v.Kind, unix.EINVAL)
@@ -627,25 +586,19 @@ func (t *fakeTable) checkTarget(name string) error {
 	return nil
 }
 
-// isTerminalStmt reports whether s ends a rule's evaluation when it is reached
-// (or, for a vmap, when its lookup hits).
-func isTerminalStmt(s Stmt) bool {
-	switch s.(type) {
-	case VerdictStmt, MapLookup, DNAT, DNATMap, Masquerade, Reject:
-		return true
-	}
-	return false
-}
-
 // checkRule checks a rule's statements against the table and returns a
 // copy the caller cannot change under us.
-func (t *fakeTable) checkRule(r Rule) (Rule, error) {
-	out := Rule{Comment: r.Comment, Stmts: make([]Stmt, 0, len(r.Stmts))}
+func (t *fakeTable) checkRule(r nft.Rule) (nft.Rule, error) {
+	out := nft.Rule{Comment: r.Comment, Stmts: make([]nft.Stmt, 0, len(r.Stmts))}
 	for i, s := range r.Stmts {
-		if i > 0 && isTerminalStmt(r.Stmts[i-1]) {
+		if i > 0 && r.Stmts[i-1].Info().Terminal {
 			return r, fmt.Errorf("statement %d (%s) follows a terminal statement and would never run: %w", i, stmtString(s), unix.EINVAL)
 		}
-		if err := t.checkStmt(s); err != nil {
+		k, ok := stmtKindOf(s)
+		if !ok {
+			return r, fmt.Errorf("statement %d (%s): unsupported statement type %T: %w", i, stmtString(s), s, unix.EOPNOTSUPP)
+		}
+		if err := k.check(t, s); err != nil {
 			return r, fmt.Errorf("statement %d (%s): %w", i, stmtString(s), err)
 		}
 		out.Stmts = append(out.Stmts, s)
@@ -653,136 +606,28 @@ func (t *fakeTable) checkRule(r Rule) (Rule, error) {
 	return out, nil
 }
 
-func stmtString(s Stmt) string {
+// stmtString prints s, or nil.
+func stmtString(s nft.Stmt) string {
 	if s == nil {
 		return "nil"
 	}
 	return s.String()
 }
 
-func (t *fakeTable) checkStmt(s Stmt) error {
-	switch s := s.(type) {
-	case MatchFamily, MatchAddrType, MatchMark, SetMark, MatchDNATed, Masquerade, Reject:
-	case MatchAddr:
-		if !s.Prefix.IsValid() {
-			return fmt.Errorf("invalid prefix: %w", unix.EINVAL)
-		}
-	case MatchProtoPort:
-		if _, ok := l4proto[strings.ToUpper(s.Protocol)]; !ok {
-			return fmt.Errorf("protocol %q: want TCP, UDP or SCTP: %w", s.Protocol, unix.EINVAL)
-		}
-	case MapLookup:
-		if err := checkKeyType(s.Key); err != nil {
-			return err
-		}
-		m := t.maps[s.Map]
-		if m == nil {
-			return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
-		}
-		if m.key != s.Key {
-			return fmt.Errorf("map %q has key %s, lookup loads %s: %w", s.Map, m.key, s.Key, unix.EINVAL)
-		}
-		if m.set || endpointKey(m.key) {
-			return fmt.Errorf("map %q does not map to verdicts: %w", s.Map, unix.EINVAL)
-		}
-	case MatchRandom:
-		if s.Mod == 0 {
-			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
-		}
-	case MatchSet:
-		m := t.maps[s.Set]
-		if m == nil {
-			return fmt.Errorf("set %q: no such set: %w", s.Set, unix.ENOENT)
-		}
-		if !m.set {
-			return fmt.Errorf("%q is a map, not a set: %w", s.Set, unix.EINVAL)
-		}
-		if _, addrKey := addrProtoPortKey(s.Key); m.key != s.Key || !pairKey(s.Key) && (!addrKey || endpointKey(s.Key)) {
-			return fmt.Errorf("set %q has key %s, lookup loads %s: %w", s.Set, m.key, s.Key, unix.EINVAL)
-		}
-	case SetLookup:
-		return t.checkSet(s.Set, s.V6)
-	case SetUpdate:
-		return t.checkSet(s.Set, s.V6)
-	case DNAT:
-		if !s.Addr.IsValid() || s.Addr.Is4In6() {
-			return fmt.Errorf("address %s: want an IPv4 or IPv6 address: %w", s.Addr, unix.EINVAL)
-		}
-		if s.Port == 0 {
-			return fmt.Errorf("port 0: %w", unix.EINVAL)
-		}
-	case DNATMap:
-		if s.Mod == 0 {
-			return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
-		}
-		m := t.maps[s.Map]
-		if m == nil {
-			return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
-		}
-		if want := pickKey(s.V6, KeyAddr4ProtoPortIndex, KeyAddr6ProtoPortIndex); m.key != want {
-			return fmt.Errorf("map %q has key %s, dnat loads %s: %w", s.Map, m.key, want, unix.EINVAL)
-		}
-	case VerdictStmt:
-		return t.checkVerdict(s.Verdict)
-	default:
-		return fmt.Errorf("unsupported statement type %T: %w", s, unix.EOPNOTSUPP)
-	}
-	return nil
-}
-
-func (t *fakeTable) checkSet(name string, v6 bool) error {
-	s := t.sets[name]
-	if s == nil {
-		return fmt.Errorf("set %q: no such set: %w", name, unix.ENOENT)
-	}
-	if s.V6 != v6 {
-		return fmt.Errorf("set %q holds %s: %w", name, addrType(s.V6), unix.EINVAL)
-	}
-	return nil
-}
-
-func addrType(v6 bool) string {
-	if v6 {
-		return "ipv6_addr"
-	}
-	return "ipv4_addr"
-}
-
-// stmtTargets returns the chains a statement can jump or go to, and the map
-// it looks up.
-func stmtTargets(s Stmt) (chains []string, vmap string) {
-	switch s := s.(type) {
-	case VerdictStmt:
-		if s.Verdict.Chain != "" {
-			return []string{s.Verdict.Chain}, ""
-		}
-	case MapLookup:
-		return nil, s.Map
-	case MatchSet:
-		return nil, s.Set
-	case DNATMap:
-		return nil, s.Map
-	}
-	return nil, ""
-}
-
 // refRule counts (d = 1) or uncounts (d = -1) what a rule of chain
 // refers to.
-func (x *fakeTx) refRule(chain string, r Rule, d int) {
+func (x *fakeTx) refRule(chain string, r nft.Rule, d int) {
 	t := x.t
 	for _, s := range r.Stmts {
-		targets, vmap := stmtTargets(s)
-		for _, c := range targets {
-			x.bump2(t.ruleRefs, c, chain, d)
+		info := s.Info()
+		if info.Chain != "" {
+			x.bump2(t.ruleRefs, info.Chain, chain, d)
 		}
-		if vmap != "" {
-			x.bump2(t.mapUsers, vmap, chain, d)
+		if info.Map != "" {
+			x.bump2(t.mapUsers, info.Map, chain, d)
 		}
-		switch s := s.(type) {
-		case SetLookup:
-			x.bump(t.setRefs, s.Set, d)
-		case SetUpdate:
-			x.bump(t.setRefs, s.Set, d)
+		if info.Set != "" {
+			x.bump(t.setRefs, info.Set, d)
 		}
 	}
 }
@@ -809,8 +654,8 @@ func (t *fakeTable) validate(dirty map[string]bool) error {
 }
 
 type walkCtx struct {
-	typ  ChainType
-	hook Hook
+	typ  nft.ChainType
+	hook nft.Hook
 }
 
 type walkKey struct {
@@ -924,15 +769,16 @@ func (w *commitWalker) walk(chain string, ctx walkCtx) (int, error) {
 	}
 	for _, r := range w.t.chains[chain].rules {
 		for _, s := range r.Stmts {
-			if err := allowedIn(s, ctx); err != nil {
+			info := s.Info()
+			if err := info.AllowedIn(ctx.typ, ctx.hook); err != nil {
 				return 0, fmt.Errorf("chain %s: %s: %w", chain, s, err)
 			}
-			targets, vmap := stmtTargets(s)
-			for _, c := range targets {
-				if err := next(c); err != nil {
+			if info.Chain != "" {
+				if err := next(info.Chain); err != nil {
 					return 0, err
 				}
 			}
+			vmap := info.Map
 			if vmap == "" {
 				continue
 			}
@@ -963,27 +809,7 @@ func (w *commitWalker) walk(chain string, ctx walkCtx) (int, error) {
 	return depth, nil
 }
 
-// allowedIn reports (as an error) whether s may run in a chain of base
-// chain b's type and hook.
-func allowedIn(s Stmt, b walkCtx) error {
-	switch s.(type) {
-	case DNAT, DNATMap:
-		if b.typ != ChainTypeNAT || (b.hook != HookPrerouting && b.hook != HookOutput) {
-			return fmt.Errorf("only in nat prerouting and output chains: %w", unix.EOPNOTSUPP)
-		}
-	case Masquerade:
-		if b.typ != ChainTypeNAT || b.hook != HookPostrouting {
-			return fmt.Errorf("only in nat postrouting chains: %w", unix.EOPNOTSUPP)
-		}
-	case Reject:
-		if b.hook != HookInput && b.hook != HookForward && b.hook != HookOutput {
-			return fmt.Errorf("only in input, forward and output chains: %w", unix.EOPNOTSUPP)
-		}
-	}
-	return nil
-}
-
-func compareMapKeys(a, b MapKey) int {
+func compareMapKeys(a, b nft.MapKey) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), a.Addr2.Compare(b.Addr2), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Index, b.Index))
 }
 
@@ -1004,7 +830,7 @@ func (f *Fake) Dump() string {
 	var objs []block
 	for name, s := range t.sets {
 		var b strings.Builder
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n", name, addrType(s.V6), affinitySetSize)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t\tsize %d\n\t\tflags dynamic,timeout\n", name, nft.AddrType(s.V6), nft.AffinitySetSize)
 		if ts := nftDuration(s.Timeout); ts != "" {
 			fmt.Fprintf(&b, "\t\ttimeout %s\n", ts)
 		}
@@ -1016,7 +842,7 @@ func (f *Fake) Dump() string {
 		if m.set {
 			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", name, m.key)
 		} else {
-			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, dataType(m.key))
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, m.key.DataType())
 		}
 		if len(m.elems) > 0 {
 			elems := make([]string, 0, len(m.elems))
@@ -1061,7 +887,7 @@ func formatElements(elems []string) string {
 
 // baseLine is a base chain's first line as nft prints it, except that the
 // priority stays a number.
-func baseLine(b Base) string {
+func baseLine(b nft.Base) string {
 	return fmt.Sprintf("type %s hook %s priority %d; policy accept;", b.Type, b.Hook, b.Priority)
 }
 
@@ -1082,20 +908,13 @@ func nftDuration(d time.Duration) string {
 }
 
 // nftRule prints a rule as nft lists it from the kernel.
-func nftRule(r Rule) string {
+func nftRule(r nft.Rule) string {
 	parts := make([]string, 0, len(r.Stmts)+1)
 	for i, s := range r.Stmts {
-		switch s := s.(type) {
-		case MatchFamily:
-			if loadsAddr(r.Stmts[i+1:], s.V6) {
-				continue // nft leaves out the dependency
+		if k, ok := stmtKindOf(s); ok && k.list != nil {
+			if text, ok := k.list(s, r.Stmts[i+1:]); ok {
+				parts = append(parts, text)
 			}
-		case MatchProtoPort:
-			if s.Port != 0 {
-				parts = append(parts, fmt.Sprintf("%s dport %d", strings.ToLower(s.Protocol), s.Port))
-				continue
-			}
-			parts = append(parts, "meta l4proto "+strings.ToLower(s.Protocol))
 			continue
 		}
 		parts = append(parts, s.String())
@@ -1104,45 +923,4 @@ func nftRule(r Rule) string {
 		parts = append(parts, fmt.Sprintf("comment %q", r.Comment))
 	}
 	return strings.Join(parts, " ")
-}
-
-// loadsAddr reports whether one of stmts loads an address of the family
-// (so needs `meta nfproto` before it in an inet table).
-func loadsAddr(stmts []Stmt, v6 bool) bool {
-	for _, s := range stmts {
-		if fam, ok := addrFamily(s); ok && fam == v6 {
-			return true
-		}
-	}
-	return false
-}
-
-// addrFamily returns whether s loads an IPv6 (true) or IPv4 (false)
-// header field; ok is false when it loads none.
-func addrFamily(s Stmt) (v6, ok bool) {
-	switch s := s.(type) {
-	case MatchAddr:
-		return s.Prefix.Addr().Is6(), true
-	case MapLookup:
-		return addrProtoPortKey(s.Key)
-	case MatchSet:
-		if pairKey(s.Key) {
-			return s.Key == KeyAddr6Pair, true
-		}
-		return addrProtoPortKey(s.Key)
-	case DNATMap:
-		return s.V6, true
-	case SetLookup:
-		return s.V6, true
-	case SetUpdate:
-		return s.V6, true
-	}
-	return false, false
-}
-
-func pickKey(v6 bool, v4, v6key KeyType) KeyType {
-	if v6 {
-		return v6key
-	}
-	return v4
 }

@@ -1,4 +1,4 @@
-package nft
+package nfttest
 
 import (
 	"cmp"
@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/outpost-edge/outpost/netproxy/nft"
 )
 
 // Packet is a packet the tracer follows.
@@ -62,7 +64,7 @@ func (f *Fake) AddSetElement(set string, addr netip.Addr) error {
 		return fmt.Errorf("add element %s to set %s: no such set", addr, set)
 	}
 	if s := f.table.sets[set]; s.V6 != addr.Is6() {
-		return fmt.Errorf("add element %s to set %s: the set holds %s", addr, set, addrType(s.V6))
+		return fmt.Errorf("add element %s to set %s: the set holds %s", addr, set, nft.AddrType(s.V6))
 	}
 	if f.affinity[set] == nil {
 		f.affinity[set] = map[netip.Addr]bool{}
@@ -103,7 +105,7 @@ func (f *Fake) Trace(p Packet, local func(netip.Addr) bool) ([]Outcome, error) {
 	if !p.Src.IsValid() || !p.Dst.IsValid() || p.Src.Is4() != p.Dst.Is4() {
 		return nil, fmt.Errorf("trace %s -> %s: want two addresses of one family", p.Src, p.Dst)
 	}
-	if _, ok := l4proto[p.Protocol]; !ok {
+	if _, ok := nft.ProtocolNumber(p.Protocol); !ok {
 		return nil, fmt.Errorf("trace: protocol %q: want TCP, UDP or SCTP", p.Protocol)
 	}
 	if local == nil {
@@ -113,7 +115,7 @@ func (f *Fake) Trace(p Packet, local func(netip.Addr) bool) ([]Outcome, error) {
 	if t == nil {
 		t = newFakeTable()
 	}
-	tr := &tracer{t: t, affinity: f.affinity, local: local, bases: map[Hook][]string{}}
+	tr := &tracer{t: t, affinity: f.affinity, local: local, bases: map[nft.Hook][]string{}}
 	for name, c := range t.chains {
 		if c.base != nil {
 			tr.bases[c.base.Hook] = append(tr.bases[c.base.Hook], name)
@@ -124,9 +126,9 @@ func (f *Fake) Trace(p Packet, local func(netip.Addr) bool) ([]Outcome, error) {
 			return cmp.Or(cmp.Compare(t.chains[a].base.Priority, t.chains[b].base.Priority), strings.Compare(a, b))
 		})
 	}
-	st := &traceState{src: p.Src, dst: p.Dst, proto: p.Protocol, port: p.Port, output: p.Output, hook: HookPrerouting, out: Outcome{Share: 1}}
+	st := &traceState{src: p.Src, dst: p.Dst, proto: p.Protocol, port: p.Port, output: p.Output, hook: nft.HookPrerouting, out: Outcome{Share: 1}}
 	if p.Output {
-		st.hook = HookOutput
+		st.hook = nft.HookOutput
 	}
 	st.bases = tr.bases[st.hook]
 	var outs []Outcome
@@ -149,8 +151,8 @@ type tracer struct {
 	t        *fakeTable
 	affinity map[string]map[netip.Addr]bool
 	local    func(netip.Addr) bool
-	bases    map[Hook][]string // base chains by hook, in the order they run
-	forks    []*traceState     // ways a MatchRandom did not match, still to run
+	bases    map[nft.Hook][]string // base chains by hook, in the order they run
+	forks    []*traceState         // ways a MatchRandom did not match, still to run
 }
 
 type traceState struct {
@@ -162,7 +164,7 @@ type traceState struct {
 	dnated   bool
 	out      Outcome
 
-	hook   Hook
+	hook   nft.Hook
 	bases  []string // base chains of hook still to run
 	natted bool     // a nat chain of hook has NATed the packet
 	stack  []traceFrame
@@ -196,18 +198,18 @@ func (st *traceState) enter(chain string) {
 
 // nextHook returns the hook the packet takes after st.hook; false when it
 // has arrived or left.
-func (tr *tracer) nextHook(st *traceState) (Hook, bool) {
+func (tr *tracer) nextHook(st *traceState) (nft.Hook, bool) {
 	switch st.hook {
-	case HookPrerouting:
+	case nft.HookPrerouting:
 		if tr.local(st.dst) {
-			return HookInput, true
+			return nft.HookInput, true
 		}
-		return HookForward, true
-	case HookForward, HookOutput:
-		return HookPostrouting, true
-	case HookPostrouting:
+		return nft.HookForward, true
+	case nft.HookForward, nft.HookOutput:
+		return nft.HookPostrouting, true
+	case nft.HookPostrouting:
 		if st.output && tr.local(st.dst) {
-			return HookInput, true
+			return nft.HookInput, true
 		}
 	}
 	return "", false
@@ -216,8 +218,11 @@ func (tr *tracer) nextHook(st *traceState) (Hook, bool) {
 // ruleResult is what a rule did: nothing (next rule), a verdict, or
 // settled the packet's fate.
 type ruleResult struct {
-	verdict *Verdict
+	verdict *nft.Verdict
 	stop    bool
+	// next: the statement matched (or acted) and the rule goes on; only
+	// a statement's result (stmt.go) has it.
+	next bool
 }
 
 // run follows one way of the packet to its end.
@@ -237,7 +242,7 @@ func (tr *tracer) run(st *traceState) (Outcome, error) {
 			}
 			name := st.bases[0]
 			st.bases = st.bases[1:]
-			if st.natted && tr.t.chains[name].base.Type == ChainTypeNAT {
+			if st.natted && tr.t.chains[name].base.Type == nft.ChainTypeNAT {
 				continue
 			}
 			st.stack = append(st.stack, traceFrame{chain: name})
@@ -269,180 +274,39 @@ func (tr *tracer) run(st *traceState) (Outcome, error) {
 }
 
 // verdict applies v and reports whether the packet's fate is settled.
-func (tr *tracer) verdict(st *traceState, v Verdict) bool {
+func (tr *tracer) verdict(st *traceState, v nft.Verdict) bool {
 	switch v.Kind {
-	case VerdictAccept:
+	case nft.VerdictAccept:
 		st.stack = st.stack[:0]
-	case VerdictDrop:
+	case nft.VerdictDrop:
 		st.out.Dropped = true
 		return true
-	case VerdictReturn:
+	case nft.VerdictReturn:
 		st.stack = st.stack[:len(st.stack)-1]
-	case VerdictJump:
+	case nft.VerdictJump:
 		st.stack = append(st.stack, traceFrame{chain: v.Chain})
 		st.enter(v.Chain)
-	case VerdictGoto:
+	case nft.VerdictGoto:
 		st.stack[len(st.stack)-1] = traceFrame{chain: v.Chain}
 		st.enter(v.Chain)
 	}
 	return false
 }
 
-var traceAccept = ruleResult{verdict: &Verdict{Kind: VerdictAccept}}
-
-// evalRule runs a rule's statements until one does not match (the zero
-// result) or one decides.
-func (tr *tracer) evalRule(st *traceState, r Rule) (ruleResult, error) {
+// evalRule runs a rule's statements (each by its entry in stmt.go) until
+// one does not match (the zero result) or one decides.
+func (tr *tracer) evalRule(st *traceState, r nft.Rule) (ruleResult, error) {
 	for _, s := range r.Stmts {
-		switch s := s.(type) {
-		case MatchFamily:
-			if st.v6() != s.V6 {
-				return ruleResult{}, nil
-			}
-		case MatchAddr:
-			a := st.src
-			if s.Dst {
-				a = st.dst
-			}
-			if s.Prefix.Addr().Is6() != st.v6() || s.Prefix.Contains(a) == s.Not {
-				return ruleResult{}, nil
-			}
-		case MatchProtoPort:
-			if !strings.EqualFold(s.Protocol, st.proto) || (s.Port != 0 && s.Port != st.port) {
-				return ruleResult{}, nil
-			}
-		case MatchAddrType:
-			a := st.src
-			if s.Dst {
-				a = st.dst
-			}
-			if tr.local(a) == s.Not {
-				return ruleResult{}, nil
-			}
-		case MatchMark:
-			if (st.mark&s.Bit != 0) != s.Set {
-				return ruleResult{}, nil
-			}
-		case SetMark:
-			if s.Xor {
-				st.mark ^= s.Bit
-			} else {
-				st.mark |= s.Bit
-			}
-		case MatchDNATed:
-			if !st.dnated {
-				return ruleResult{}, nil
-			}
-		case MapLookup:
-			m := tr.t.maps[s.Map]
-			if m == nil {
-				return ruleResult{}, fmt.Errorf("map %s: no such map", s.Map)
-			}
-			k := MapKey{Protocol: st.proto, Port: st.port}
-			switch m.key {
-			case KeyAddr4ProtoPort, KeyAddr6ProtoPort:
-				if st.v6() != (m.key == KeyAddr6ProtoPort) {
-					return ruleResult{}, nil
-				}
-				k.Addr = st.dst
-			case KeyAddr4Pair, KeyAddr6Pair:
-				if st.v6() != (m.key == KeyAddr6Pair) {
-					return ruleResult{}, nil
-				}
-				k = MapKey{Addr: st.src, Addr2: st.dst}
-			}
-			v, ok := m.elems[k]
-			if !ok {
-				return ruleResult{}, nil
-			}
-			return ruleResult{verdict: &v.Verdict}, nil
-		case MatchRandom:
-			if s.Mod > 1 {
-				// Both ways happen: this copy goes on with the next
-				// rule, as if numgen had not drawn 0.
-				miss := st.clone()
-				miss.out.Share *= float64(s.Mod-1) / float64(s.Mod)
-				tr.forks = append(tr.forks, miss)
-				st.out.Share /= float64(s.Mod)
-			}
-		case MatchSet:
-			m := tr.t.maps[s.Set]
-			if m == nil {
-				return ruleResult{}, fmt.Errorf("set %s: no such set", s.Set)
-			}
-			k := MapKey{Addr: st.src, Addr2: st.dst}
-			v6, ok := addrProtoPortKey(s.Key)
-			if ok {
-				k = MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port}
-			} else {
-				v6 = s.Key == KeyAddr6Pair
-			}
-			if st.v6() != v6 {
-				return ruleResult{}, nil
-			}
-			if _, ok := m.elems[k]; !ok {
-				return ruleResult{}, nil
-			}
-		case SetLookup:
-			if s.V6 != st.v6() || !tr.affinity[s.Set][st.src] {
-				return ruleResult{}, nil
-			}
-		case SetUpdate:
-			if s.V6 != st.v6() {
-				return ruleResult{}, nil
-			}
-			st.out.AffinityUpdates = append(st.out.AffinityUpdates, s.Set)
-		case DNAT:
-			if s.Addr.Is6() != st.v6() {
-				continue // the kernel's inet nat ignores the other family
-			}
-			st.dnat(netip.AddrPortFrom(s.Addr, s.Port))
-			return traceAccept, nil
-		case DNATMap:
-			if s.V6 != st.v6() {
-				return ruleResult{}, nil // the key's load needs the family
-			}
-			m := tr.t.maps[s.Map]
-			if m == nil {
-				return ruleResult{}, fmt.Errorf("map %s: no such map", s.Map)
-			}
-			// Each draw is followed: those the map has no element for
-			// go on with the next rule together, the others DNAT.
-			var hits []netip.AddrPort
-			for i := range s.Mod {
-				if e, ok := m.elems[MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port, Index: i}]; ok {
-					hits = append(hits, e.data)
-				}
-			}
-			if len(hits) == 0 {
-				return ruleResult{}, nil
-			}
-			share := st.out.Share / float64(s.Mod)
-			if miss := int(s.Mod) - len(hits); miss > 0 {
-				f := st.clone()
-				f.out.Share = share * float64(miss)
-				tr.forks = append(tr.forks, f)
-			}
-			for _, d := range hits[1:] {
-				f := st.clone()
-				f.out.Share = share
-				f.dnat(d)
-				tr.verdict(f, *traceAccept.verdict)
-				tr.forks = append(tr.forks, f)
-			}
-			st.out.Share = share
-			st.dnat(hits[0])
-			return traceAccept, nil
-		case Masquerade:
-			st.out.Masquerade, st.natted = true, true
-			return traceAccept, nil
-		case Reject:
-			st.out.Rejected = true
-			return ruleResult{stop: true}, nil
-		case VerdictStmt:
-			return ruleResult{verdict: &s.Verdict}, nil
-		default:
+		k, ok := stmtKindOf(s)
+		if !ok {
 			return ruleResult{}, fmt.Errorf("statement %T: the tracer does not know it", s)
+		}
+		res, err := k.eval(tr, st, s)
+		if err != nil {
+			return ruleResult{}, err
+		}
+		if !res.next {
+			return res, nil
 		}
 	}
 	return ruleResult{}, nil
