@@ -230,6 +230,14 @@ func (c Collection[T, P]) Keys() ([]string, error) {
 	return out, err
 }
 
+// KeysFrom returns the keys (namespace/name) of the stored objects of
+// this kind that src (not the API server) may have put: every one it
+// did, and perhaps a few it no longer holds. It reads no record; ok is
+// false for SourceAPI, whose keys it does not keep apart.
+func (c Collection[T, P]) KeysFrom(src Source) (keys []string, ok bool) {
+	return c.s.srcKeyList(c.kind, src)
+}
+
 // ListNamespace returns the stored objects of this kind in namespace ns,
 // in name order, reading only those.
 func (c Collection[T, P]) ListNamespace(ns string) ([]Record[P], error) {

@@ -166,8 +166,11 @@ func TestReplaceFindsItsSourceWithoutReadingAll(t *testing.T) {
 	if n, err := s.Pods().Replace(SourceStatic, []*corev1.Pod{pod("default", "d", "y")}); err != nil || n != 1 || names() != "d" {
 		t.Fatalf("Replace([d]) changed %d (err %v), static pods %q", n, err, names())
 	}
-	if keys, _ := s.srcKeyList(KindPod, SourceStatic); !slices.Equal(keys, []string{"default/d"}) {
+	if keys, _ := s.Pods().KeysFrom(SourceStatic); !slices.Equal(keys, []string{"default/d"}) {
 		t.Errorf("keys kept of static pods: %q, want default/d", keys)
+	}
+	if keys, ok := s.Pods().KeysFrom(SourceAPI); ok || keys != nil {
+		t.Errorf("KeysFrom(SourceAPI) = %q, %v; the API server's keys are not kept apart", keys, ok)
 	}
 	if len(s.srcKeys[KindPod][SourceAPI]) != 0 {
 		t.Errorf("keys kept of the API server's pods: %d", len(s.srcKeys[KindPod][SourceAPI]))

@@ -100,14 +100,28 @@ func (d *drainer) listAPIPods(ctx context.Context) error {
 		d.s.log.Warn("cannot list the pods of this node; orphaned mirror pods are not deleted", "err", err)
 		pods = nil
 	}
+	// Of the other pods, only those whose name a static pod takes matter
+	// (its mirror pod cannot be made): a node, and more so a bridge with
+	// a store per node, need not keep every pod of the node in the API.
+	// A static pod added later whose name is taken is told by the
+	// create's conflict, which lists again.
+	static, _ := d.s.deps.Store.Pods().KeysFrom(store.SourceStatic)
+	statics := make(map[string]bool, len(static))
+	for _, k := range static {
+		statics[k] = true
+	}
 	clear(d.known)
 	for i := range pods {
 		p := &pods[i]
 		hash, mirror := p.Annotations[annotationMirror]
-		d.known[p.Namespace+"/"+p.Name] = &knownPod{uid: p.UID, mirror: mirror, hash: hash}
+		key := p.Namespace + "/" + p.Name
+		if !mirror && !statics[key] {
+			continue
+		}
+		d.known[key] = &knownPod{uid: p.UID, mirror: mirror, hash: hash}
 		if mirror && p.DeletionTimestamp != nil {
 			// Someone deleted it: it is deleted for good and made again.
-			d.known[p.Namespace+"/"+p.Name].hash = ""
+			d.known[key].hash = ""
 		}
 	}
 	d.listed = true

@@ -1,7 +1,10 @@
 package kube
 
 import (
+	"errors"
+	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -231,6 +234,40 @@ func TestMirrorRecreatedAfterItWasDeleted(t *testing.T) {
 		"create default/web-n1",
 		"patch default/web-n1 uid="+string(third)+" phase=Failed",
 	)
+}
+
+// The sink keeps, of the node's pods in the API that are not mirror
+// pods, only those whose names static pods take (a bridge has a sink for
+// each of thousands of nodes). A static pod that comes after the list,
+// its name taken, is told by the create's conflict, which lists again.
+func TestMirrorNameTakenAfterTheList(t *testing.T) {
+	u := newSinkUnit(t)
+	for i := range 5 {
+		u.api.put(sinkPod(fmt.Sprintf("api-%d", i), types.UID(fmt.Sprintf("u-api-%d", i))))
+	}
+	u.desire(store.SourceStatic, staticSinkPod("web-n1", "hash1"))
+	u.mustPass()
+	u.wantCalls("list", "node", "create default/web-n1")
+	if len(u.d.known) != 1 {
+		t.Errorf("the sink keeps %d pods of the node, want only the mirror pod: %v", len(u.d.known), slices.Collect(maps.Keys(u.d.known)))
+	}
+
+	u.desire(store.SourceStatic, staticSinkPod("api-3", "hash2"))
+	u.d.mirrorsDirty = true
+	if err := u.pass(); err == nil || !apierrors.IsAlreadyExists(errors.Unwrap(err)) && !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("pass with a static pod whose name was taken after the list = %v, want the create's conflict", err)
+	}
+	u.wantCalls("create default/api-3")
+	u.mustPass()
+	// Listed for api-3, which finds its name taken and marks the list to
+	// be read again at its retry; then web-n1, after it, reads it again.
+	u.wantCalls("list", "list")
+	if got := u.s.MirrorErrors(); len(got) != 1 || !strings.Contains(got[0], "not its mirror pod") {
+		t.Errorf("MirrorErrors = %q", got)
+	}
+	if u.api.pod("default/api-3").UID != "u-api-3" {
+		t.Error("the other pod was touched")
+	}
 }
 
 func TestMirrorNameTakenByAnotherPod(t *testing.T) {

@@ -125,8 +125,9 @@ type drainer struct {
 	// pods were last made to match them.
 	mirrorsDirty bool
 	// known are the pods of this node in the API by namespace/name:
-	// the mirror pods and the names taken by other pods. Listed once,
-	// then kept by this sink's own writes; listed is false until then.
+	// the mirror pods, and the other pods whose names static pods take.
+	// Listed once, then kept by this sink's own writes; listed is false
+	// until then.
 	known  map[string]*knownPod
 	listed bool
 	// problems are the static pods that have no mirror pod, and why.
