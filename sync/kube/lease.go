@@ -49,19 +49,19 @@ func (n *nodeLoop) renewLease(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("create lease %s/%s: %w", corev1.NamespaceNodeLease, name, err)
 				}
-				n.lease = &got
+				n.lease = keptLease(&got)
 				return nil
 			}
 			if err != nil {
 				return fmt.Errorf("get lease %s/%s: %w", corev1.NamespaceNodeLease, name, err)
 			}
-			n.lease = &got
+			n.lease = keptLease(&got)
 		}
 		var got coordv1.Lease
 		err := c.Put().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(name).Body(n.desiredLease(n.lease)).Timeout(timeout).Do(ctx).Into(&got)
 		switch {
 		case err == nil:
-			n.lease = &got
+			n.lease = keptLease(&got)
 			return nil
 		case apierrors.IsConflict(err):
 			n.lease = nil // someone else wrote it: read it and try again
@@ -75,6 +75,14 @@ func (n *nodeLoop) renewLease(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("renew lease %s/%s: %d conflicts in a row", corev1.NamespaceNodeLease, name, maxLeaseTries)
+}
+
+// keptLease is l as the node keeps it between renewals: without its
+// managedFields, which an update that omits them leaves as they are on
+// the server. A bridge keeps a Lease for each of thousands of nodes.
+func keptLease(l *coordv1.Lease) *coordv1.Lease {
+	l.ManagedFields = nil
+	return l
 }
 
 // desiredLease returns base (nil: a new Lease) renewed now: held by the
