@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"k8s.io/client-go/rest"
@@ -16,6 +17,9 @@ import (
 	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
+
+// bridgeGCPercent is the bridge's GOGC unless the environment sets one.
+const bridgeGCPercent = 50
 
 // runBridge runs `outpost bridge --config FILE` until ctx ends.
 func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
@@ -28,6 +32,14 @@ func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(config.Config{Log: cfg.Log}, stderr).With("component", "bridge")
+	// The bridge's heap is mostly what it keeps per node, and grows with
+	// the fleet: collecting at 50 % growth instead of 100 % keeps its
+	// RSS near what it keeps, for some CPU (a quarter of a core at 2,000
+	// nodes here). GOGC in the environment still wins, and GOMEMLIMIT
+	// works beside it.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(bridgeGCPercent)
+	}
 	var rc *rest.Config
 	if cfg.Kubeconfig != "" {
 		if rc, err = kube.LoadKubeconfig(cfg.Kubeconfig); err != nil {
