@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"maps"
@@ -95,9 +96,18 @@ func (s *sharder) run(ctx context.Context) {
 	}
 }
 
-// tick is one round: read the Leases, renew, give back, take.
+// tick is one round: renew what is held, then read the Leases, give
+// back and take.
+//
+// The renewals come first and go at once, each from the Lease as this
+// replica last wrote it: they need no list, and one slow answer delays
+// no other. An API server slowed by the fleet's own writes (2,000 nodes
+// connecting at once) made a round of a list and eight renewals in a
+// row outlast giveUp, and a replica dropped shards it held.
 func (s *sharder) tick(ctx context.Context) {
 	now := s.b.deps.Clock.Now()
+	s.renewAll(ctx, now)
+	s.expireHeld(now)
 	c := s.b.deps.Client.Coordination
 	var list coordv1.LeaseList
 	rctx, cancel := context.WithTimeout(ctx, RenewInterval)
@@ -108,9 +118,9 @@ func (s *sharder) tick(ctx context.Context) {
 		if ctx.Err() == nil {
 			s.b.log.Warn("list bridge leases", "namespace", s.ns, "err", err)
 		}
-		s.expireHeld(now)
 		return
 	}
+	now = s.b.deps.Clock.Now()
 	byName := map[string]*coordv1.Lease{}
 	for i := range list.Items {
 		l := &list.Items[i]
@@ -128,9 +138,12 @@ func (s *sharder) tick(ctx context.Context) {
 		return holder(l) == "" || now.Sub(s.seen[l.Name].seen) >= LeaseDuration
 	}
 
-	// This replica's member Lease, and who else is alive.
-	if m := s.write(ctx, byName[memberPfx+s.id], memberPfx+s.id, "member"); m != nil {
-		s.member = m
+	// This replica's member Lease when it has none yet (or it was
+	// removed), and who else is alive.
+	if m := byName[memberPfx+s.id]; s.member == nil || m == nil || holder(m) != s.id {
+		if m := s.write(ctx, m, memberPfx+s.id, "member"); m != nil {
+			s.member = m
+		}
 	}
 	live := 1
 	for name, l := range byName {
@@ -151,18 +164,10 @@ func (s *sharder) tick(ctx context.Context) {
 	}
 	share := (s.n + live - 1) / live
 
-	// Renew what is held; what changed hands is lost.
+	// What another replica holds now is lost.
 	for _, i := range slices.Sorted(maps.Keys(s.held)) {
-		l := byName[shardPrefix+strconv.Itoa(i)]
-		if l == nil || holder(l) != s.id || l.ResourceVersion != s.held[i].ResourceVersion {
+		if l := byName[shardPrefix+strconv.Itoa(i)]; l == nil || holder(l) != s.id {
 			s.b.log.Warn("bridge shard lost", "shard", i)
-			s.drop(i)
-			continue
-		}
-		if got := s.write(ctx, l, l.Name, "shard"); got != nil {
-			s.held[i], s.renewed[i] = got, now
-		} else if now.Sub(s.renewed[i]) >= giveUp {
-			s.b.log.Warn("bridge shard not renewed in time; its nodes stop here", "shard", i)
 			s.drop(i)
 		}
 	}
@@ -193,6 +198,104 @@ func (s *sharder) tick(ctx context.Context) {
 		s.b.log.Info("bridge shard taken", "shard", i, "replicas", live, "share", share)
 		s.b.gainShard(i)
 	}
+}
+
+// renewal is one Lease renewed by renewAll: which shard (-1 for the
+// member Lease), and what was written, or why not.
+type renewal struct {
+	shard int
+	got   *coordv1.Lease
+	err   error
+}
+
+// renewAll renews the held shards and the member Lease at once, each
+// from the Lease as last written. A shard another replica wrote since
+// is lost; one whose renewal failed otherwise is kept until giveUp.
+func (s *sharder) renewAll(ctx context.Context, now time.Time) {
+	type job struct {
+		shard int
+		l     *coordv1.Lease
+	}
+	var jobs []job
+	for i, l := range s.held {
+		jobs = append(jobs, job{i, l})
+	}
+	if s.member != nil {
+		jobs = append(jobs, job{-1, s.member})
+	}
+	results := make(chan renewal, len(jobs))
+	for _, j := range jobs {
+		go func() {
+			got, err := s.renew(ctx, j.l)
+			results <- renewal{j.shard, got, err}
+		}()
+	}
+	for range jobs {
+		r := <-results
+		name := memberPfx + s.id
+		if r.shard >= 0 {
+			name = shardPrefix + strconv.Itoa(r.shard)
+		}
+		switch {
+		case r.err == nil:
+			s.seen[name] = observed{rv: r.got.ResourceVersion, seen: s.b.deps.Clock.Now()}
+			if r.shard < 0 {
+				s.member = r.got
+			} else {
+				s.held[r.shard], s.renewed[r.shard] = r.got, now
+			}
+		case errors.Is(r.err, errLeaseLost):
+			if r.shard < 0 {
+				s.member = nil // written anew after the next list
+			} else {
+				s.b.log.Warn("bridge shard lost", "shard", r.shard)
+				s.drop(r.shard)
+			}
+		case ctx.Err() == nil:
+			s.b.log.Warn("renew bridge lease", "lease", s.ns+"/"+name, "err", r.err)
+		}
+	}
+}
+
+// errLeaseLost says a Lease is held by another replica, or gone.
+var errLeaseLost = errors.New("held by another replica, or gone")
+
+// renew writes l renewed now. When its answer says someone wrote it
+// since, it reads it again: still held by this replica, the write before
+// was applied and only its answer lost, and it renews once more.
+func (s *sharder) renew(ctx context.Context, l *coordv1.Lease) (*coordv1.Lease, error) {
+	c := s.b.deps.Client.Coordination
+	for range 2 {
+		next := l.DeepCopy()
+		now := metav1.NewMicroTime(s.b.deps.Clock.Now())
+		next.Spec.RenewTime = &now
+		rctx, cancel := context.WithTimeout(ctx, RenewInterval)
+		var got coordv1.Lease
+		err := c.Put().Namespace(s.ns).Resource("leases").Name(l.Name).Body(next).Do(rctx).Into(&got)
+		cancel()
+		switch {
+		case err == nil:
+			return &got, nil
+		case apierrors.IsNotFound(err):
+			return nil, errLeaseLost
+		case !apierrors.IsConflict(err):
+			return nil, err
+		}
+		var cur coordv1.Lease
+		rctx, cancel = context.WithTimeout(ctx, RenewInterval)
+		err = c.Get().Namespace(s.ns).Resource("leases").Name(l.Name).Do(rctx).Into(&cur)
+		cancel()
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, errLeaseLost
+		case err != nil:
+			return nil, err
+		case holder(&cur) != s.id:
+			return nil, errLeaseLost
+		}
+		l = &cur
+	}
+	return nil, fmt.Errorf("lease %s/%s: written by someone else twice", s.ns, l.Name)
 }
 
 // write creates the Lease name (when old is nil) or updates old, held

@@ -317,12 +317,21 @@ func startFleet(t testing.TB, api *env.APIServer, broker *env.MosquittoTLS, args
 	return f
 }
 
-// waitLine waits until the fleet's log has a line containing sub.
+// waitLine waits until the fleet's log has a line containing sub; a
+// fleet that ended before it fails the test.
 func (f *fleet) waitLine(t testing.TB, sub string, timeout time.Duration) {
 	t.Helper()
 	waitFor(t, timeout, "fleetsim says "+sub, func() (bool, string) {
 		b, _ := os.ReadFile(f.stderr)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if !strings.Contains(string(b), sub) {
+			select {
+			case err := <-f.done:
+				f.done <- err // for report
+				t.Fatalf("fleetsim ended (%v) before it said %q:\n%s", err, sub, b)
+			default:
+			}
+		}
 		return strings.Contains(string(b), sub), lines[len(lines)-1]
 	})
 }
