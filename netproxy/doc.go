@@ -4,9 +4,3 @@
 // subpackages arrive with the service-proxy and pod-network capabilities;
 // this package holds what they share.
 package netproxy
-
-// TableName is the one nftables table (family inet) outpost owns.
-const TableName = "outpost"
-
-// BridgeName is the Linux bridge pods attach to.
-const BridgeName = "outpost0"

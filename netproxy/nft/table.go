@@ -11,6 +11,9 @@ import (
 	"github.com/outpost-edge/outpost/netproxy"
 )
 
+// TableName is the one nftables table (family inet) outpost owns.
+const TableName = "outpost"
+
 // The outpost table's layout (family inet), after kube-proxy's nftables
 // mode. Every chain, map and set name is here.
 //
@@ -259,14 +262,14 @@ func (t *Table) Sync(s State) (ops int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !s.PodCIDR.IsValid() {
-		return 0, fmt.Errorf("sync table %s: pod CIDR is not set", netproxy.TableName)
+		return 0, fmt.Errorf("sync table %s: pod CIDR is not set", TableName)
 	}
 	if s.PodCIDR.Masked() != s.PodCIDR {
-		return 0, fmt.Errorf("sync table %s: pod CIDR %s: not a network address (want %s)", netproxy.TableName, s.PodCIDR, s.PodCIDR.Masked())
+		return 0, fmt.Errorf("sync table %s: pod CIDR %s: not a network address (want %s)", TableName, s.PodCIDR, s.PodCIDR.Masked())
 	}
 	hostPorts, err := normalize(s.HostPorts)
 	if err != nil {
-		return 0, fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("sync table %s: %w", TableName, err)
 	}
 	if t.full || s.PodCIDR != t.podCIDR {
 		ops, err = t.syncFull(s.PodCIDR, hostPorts, s.Services)
@@ -274,7 +277,7 @@ func (t *Table) Sync(s State) (ops int, err error) {
 		ops, err = t.syncDiff(hostPorts, s.Services)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("sync table %s: %w", TableName, err)
 	}
 	return ops, nil
 }
@@ -801,11 +804,11 @@ func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.full {
-		return 0, fmt.Errorf("update table %s: the table needs a full sync", netproxy.TableName)
+		return 0, fmt.Errorf("update table %s: the table needs a full sync", TableName)
 	}
 	hostPorts, err = normalize(hostPorts)
 	if err != nil {
-		return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("update table %s: %w", TableName, err)
 	}
 	var diff []change
 	seen := make(map[string]bool, len(changes))
@@ -822,7 +825,7 @@ func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops
 			continue
 		}
 		if t.keyBuf = appendKey(t.keyBuf[:0], c.Port); string(t.keyBuf) != c.Key {
-			return 0, fmt.Errorf("update table %s: service port %s given as %q", netproxy.TableName, t.keyBuf, c.Key)
+			return 0, fmt.Errorf("update table %s: service port %s given as %q", TableName, t.keyBuf, c.Key)
 		}
 		if e != nil && equalServicePort(e.sp, c.Port) {
 			if t.shared {
@@ -831,13 +834,13 @@ func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops
 			continue
 		}
 		if err := checkServicePort(c.Port); err != nil {
-			return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+			return 0, fmt.Errorf("update table %s: %w", TableName, err)
 		}
 		diff = append(diff, change{c.Key, e, c.Port})
 	}
 	ops, err = t.applyDiff(hostPorts, diff)
 	if err != nil {
-		return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("update table %s: %w", TableName, err)
 	}
 	return ops, nil
 }

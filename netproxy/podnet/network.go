@@ -29,12 +29,13 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/store"
 )
 
 // Defaults for the zero values of Config.
 const (
+	// DefaultBridgeName is the Linux bridge pods attach to.
+	DefaultBridgeName = "outpost0"
 	// DefaultNetnsDir is where pod netns files are bind-mounted, as for
 	// `ip netns`.
 	DefaultNetnsDir = "/run/netns"
@@ -141,7 +142,7 @@ func New(cfg Config, deps Deps) (*Network, error) {
 		return nil, fmt.Errorf("new pod network: %w", err)
 	}
 	if cfg.BridgeName == "" {
-		cfg.BridgeName = netproxy.BridgeName
+		cfg.BridgeName = DefaultBridgeName
 	}
 	if len(cfg.BridgeName) > unix.IFNAMSIZ-1 || strings.ContainsAny(cfg.BridgeName, "/ \x00") {
 		return nil, fmt.Errorf("new pod network: bridge name %q: not a valid interface name", cfg.BridgeName)
