@@ -7,9 +7,11 @@
 // restarted agent finds the addresses it handed out before; every
 // operation is idempotent, so the agent can simply repeat it after a
 // crash. podnet is the one package that talks to the kernel through
-// vishvananda/netlink and netns; it prefers netlink handles bound to a
-// namespace over switching threads, and when it must switch a thread it
-// never returns one to the scheduler in the wrong namespace.
+// vishvananda/netlink and netns, so it also deletes the service proxy's
+// stale UDP conntrack flows (Conntrack, udpflows.go). It prefers netlink
+// handles bound to a namespace over switching threads, and when it must
+// switch a thread it never returns one to the scheduler in the wrong
+// namespace.
 package podnet
 
 import (

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -130,14 +129,6 @@ type Proxy struct {
 	// applied, to find the flows to delete; nil before the first sync,
 	// when what an earlier run applied is not known.
 	usable map[string]udpPort
-}
-
-// udpPort is what conntrack cleanup needs of one UDP service port.
-type udpPort struct {
-	dests     []netip.Addr // cluster, external and load-balancer IPs
-	port      uint16
-	nodePort  uint16
-	endpoints []netip.AddrPort
 }
 
 // New checks cfg and returns a Proxy; it does not touch the kernel.
@@ -368,19 +359,6 @@ func (p *Proxy) skipBad(failed bool, err error) error {
 	}
 	p.deps.Log.Warn("stored object skipped", "err", err)
 	return nil
-}
-
-// udpOf is what conntrack cleanup needs of sp, when sp is UDP.
-func udpOf(sp *netproxy.ServicePort) (udpPort, bool) {
-	if sp == nil || sp.Protocol != "UDP" {
-		return udpPort{}, false
-	}
-	u := udpPort{port: sp.Port, nodePort: sp.NodePort}
-	u.dests = slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
-	for _, e := range sp.Usable(false) {
-		u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
-	}
-	return u, true
 }
 
 // trim gives back the memory a big sync touched.
