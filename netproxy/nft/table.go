@@ -8,7 +8,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 )
 
 // TableName is the one nftables table (family inet) outpost owns.
@@ -178,7 +178,7 @@ type State struct {
 	HostPorts []HostPort
 	// Services are the ServicePorts to proxy. Two with the same String()
 	// keep the first.
-	Services []netproxy.ServicePort
+	Services []servicemodel.ServicePort
 }
 
 // Table keeps the outpost table equal to a State, applying only
@@ -206,7 +206,7 @@ type Table struct {
 // svcEntry is one applied ServicePort.
 type svcEntry struct {
 	key string
-	sp  *netproxy.ServicePort // a copy, or the caller's (ShareServicePorts)
+	sp  *servicemodel.ServicePort // a copy, or the caller's (ShareServicePorts)
 	gen uint64
 }
 
@@ -452,7 +452,7 @@ func (c claims) without(svc string) claims {
 }
 
 // syncFull renders everything and replaces the table's contents in one Tx.
-func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
+func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []servicemodel.ServicePort) (int, error) {
 	t.full = true
 	entries := make(map[string]*svcEntry, len(services))
 	keys := make([]string, 0, len(services))
@@ -737,7 +737,7 @@ func (d *delta) unit(svc string, old, cur *objects, applied map[elemID]claims) {
 
 // syncDiff applies the difference between the last applied state and
 // (hostPorts, services) with the same pod CIDR.
-func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
+func (t *Table) syncDiff(hostPorts []HostPort, services []servicemodel.ServicePort) (int, error) {
 	t.gen++
 	var changes []change
 	var added map[string]bool
@@ -790,7 +790,7 @@ func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) 
 type change struct {
 	key string
 	old *svcEntry
-	cur *netproxy.ServicePort
+	cur *servicemodel.ServicePort
 }
 
 // Update applies changes to the ServicePorts, and hostPorts, as Sync
@@ -800,7 +800,7 @@ type change struct {
 // its String() and holds its new value, or nil when it is gone; a change
 // to the value last applied is no change, and of two with the same key
 // the first counts. A Table that must sync in full (Full) refuses it.
-func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops int, err error) {
+func (t *Table) Update(hostPorts []HostPort, changes []servicemodel.PortChange) (ops int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.full {
@@ -1000,7 +1000,7 @@ func (t *Table) commitDiff(hostPorts []HostPort, d *delta) {
 }
 
 // commitService records an applied change of one ServicePort.
-func (t *Table) commitService(key string, old *svcEntry, cur *netproxy.ServicePort) {
+func (t *Table) commitService(key string, old *svcEntry, cur *servicemodel.ServicePort) {
 	switch {
 	case cur == nil:
 		delete(t.services, key)
@@ -1155,7 +1155,7 @@ func hairpinRule(podCIDR netip.Prefix, h HostPort) Rule {
 }
 
 // appendKey appends sp.String() to b without allocating.
-func appendKey(b []byte, sp *netproxy.ServicePort) []byte {
+func appendKey(b []byte, sp *servicemodel.ServicePort) []byte {
 	b = append(b, sp.Namespace...)
 	b = append(b, '/')
 	b = append(b, sp.Name...)
@@ -1175,7 +1175,7 @@ func appendKey(b []byte, sp *netproxy.ServicePort) []byte {
 }
 
 // equalServicePort reports whether a and b render the same.
-func equalServicePort(a, b *netproxy.ServicePort) bool {
+func equalServicePort(a, b *servicemodel.ServicePort) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.PortName == b.PortName &&
 		a.Protocol == b.Protocol && a.Port == b.Port && a.NodePort == b.NodePort &&
 		a.AffinityTimeout == b.AffinityTimeout &&
@@ -1188,7 +1188,7 @@ func equalServicePort(a, b *netproxy.ServicePort) bool {
 
 // keep is what the Table keeps of an applied ServicePort: sp itself when
 // it is shared (ShareServicePorts), else a copy.
-func (t *Table) keep(sp *netproxy.ServicePort) *netproxy.ServicePort {
+func (t *Table) keep(sp *servicemodel.ServicePort) *servicemodel.ServicePort {
 	if t.shared {
 		return sp
 	}
@@ -1209,7 +1209,7 @@ func (t *Table) ShareServicePorts() {
 
 // cloneServicePort copies sp and its slices, so the caller may reuse
 // theirs.
-func cloneServicePort(sp *netproxy.ServicePort) netproxy.ServicePort {
+func cloneServicePort(sp *servicemodel.ServicePort) servicemodel.ServicePort {
 	c := *sp
 	c.ClusterIPs = slices.Clip(slices.Clone(sp.ClusterIPs))
 	c.ExternalIPs = slices.Clip(slices.Clone(sp.ExternalIPs))
@@ -1219,7 +1219,7 @@ func cloneServicePort(sp *netproxy.ServicePort) netproxy.ServicePort {
 }
 
 // checkServicePort reports what makes sp impossible to render.
-func checkServicePort(sp *netproxy.ServicePort) error {
+func checkServicePort(sp *servicemodel.ServicePort) error {
 	if canonicalProtocol(sp.Protocol) == "" {
 		return fmt.Errorf("service port %s: protocol %q: want TCP, UDP or SCTP", sp, sp.Protocol)
 	}

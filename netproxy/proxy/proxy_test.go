@@ -19,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/nfttest"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -91,7 +91,7 @@ var webIP = netip.MustParseAddr("10.96.0.10")
 // agent is the agent's side of LocalPods and Changed.
 type agent struct {
 	mu      sync.Mutex
-	pods    []netproxy.LocalPod
+	pods    []servicemodel.LocalPod
 	settled bool
 	calls   int
 	changed chan struct{}
@@ -101,7 +101,7 @@ func newAgent(settled bool) *agent {
 	return &agent{settled: settled, changed: make(chan struct{}, 1)}
 }
 
-func (a *agent) LocalPods() ([]netproxy.LocalPod, bool) {
+func (a *agent) LocalPods() ([]servicemodel.LocalPod, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.calls++
@@ -118,8 +118,8 @@ func (a *agent) notify() {
 // set makes pod (with address ip) known with readiness ready.
 func (a *agent) set(pod *corev1.Pod, ip netip.Addr, ready bool) {
 	a.mu.Lock()
-	i := slices.IndexFunc(a.pods, func(lp netproxy.LocalPod) bool { return lp.Pod.UID == pod.UID })
-	lp := netproxy.LocalPod{Pod: pod, IPs: []netip.Addr{ip}, Ready: ready}
+	i := slices.IndexFunc(a.pods, func(lp servicemodel.LocalPod) bool { return lp.Pod.UID == pod.UID })
+	lp := servicemodel.LocalPod{Pod: pod, IPs: []netip.Addr{ip}, Ready: ready}
 	if i < 0 {
 		a.pods = append(a.pods, lp)
 	} else {

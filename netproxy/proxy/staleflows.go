@@ -4,8 +4,8 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/podnet"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 )
 
 // This file finds the UDP conntrack flows that an applied change made
@@ -32,7 +32,7 @@ type udpPort struct {
 }
 
 // udpOf is what conntrack cleanup needs of sp, when sp is UDP.
-func udpOf(sp *netproxy.ServicePort) (udpPort, bool) {
+func udpOf(sp *servicemodel.ServicePort) (udpPort, bool) {
 	if sp == nil || sp.Protocol != "UDP" {
 		return udpPort{}, false
 	}
