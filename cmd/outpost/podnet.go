@@ -11,10 +11,10 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/config"
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/podnet"
 	"github.com/outpost-edge/outpost/netproxy/proxy"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -65,7 +65,7 @@ func newPodNetwork(ctx context.Context, cfg config.Config, st *store.Store, host
 // sees now. It is settled once every stored pod has a status computed
 // since the agent started.
 func localPods(st *store.Store, ag *atomic.Pointer[agent.Agent], node netip.Addr) proxy.LocalPods {
-	return func() ([]netproxy.LocalPod, bool) {
+	return func() ([]servicemodel.LocalPod, bool) {
 		a := ag.Load()
 		if a == nil {
 			return nil, false
@@ -86,14 +86,14 @@ func localPods(st *store.Store, ag *atomic.Pointer[agent.Agent], node netip.Addr
 			}
 		}
 		settled := true
-		out := make([]netproxy.LocalPod, 0, len(recs))
+		out := make([]servicemodel.LocalPod, 0, len(recs))
 		for _, r := range recs {
 			v, ok := views[string(r.Object.UID)]
 			if !ok || v.Status.Phase == "" {
 				settled = false
 				continue
 			}
-			lp := netproxy.LocalPod{Pod: v.Pod}
+			lp := servicemodel.LocalPod{Pod: v.Pod}
 			switch ip, ok := ipOf[string(r.Object.UID)]; {
 			case v.Pod.Spec.HostNetwork && node.IsValid():
 				lp.IPs = []netip.Addr{node}

@@ -3,8 +3,9 @@
 // import that library.
 //
 // It holds the Table (table.go, services.go), which keeps the table equal
-// to a State (pod egress masquerade, hostPorts and Services) and applies
-// only the difference from the last applied state; the transactions (Tx)
+// to a State (pod egress masquerade, hostPorts, and Services as
+// netproxy/servicemodel's ServicePorts) and applies only the difference
+// from the last applied state; the transactions (Tx)
 // it applies, described in a small typed language of chains, rules, maps
 // and sets (ir.go) and statements (stmt.go); and Netlink, which sends
 // each Tx to the kernel as one atomic netlink batch (netlink.go). The

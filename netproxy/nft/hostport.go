@@ -11,8 +11,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
-
-	"github.com/outpost-edge/outpost/netproxy"
 )
 
 // HostPort is one container port published on the node. The Table DNATs
@@ -114,7 +112,7 @@ func Available() error {
 
 // table is the outpost table as google/nftables names it.
 func table() *nftables.Table {
-	return &nftables.Table{Name: netproxy.TableName, Family: nftables.TableFamilyINet}
+	return &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
 }
 
 // Offsets into the network header.

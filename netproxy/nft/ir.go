@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/outpost-edge/outpost/netproxy"
 )
 
 // This file is the seam between what outpost wants in its table and how it
@@ -324,7 +322,7 @@ func (op Op) String() string {
 	case OpDelSet:
 		return "delete set " + op.Set.Name
 	case OpDelTable:
-		return "delete table " + netproxy.TableName
+		return "delete table " + TableName
 	}
 	return fmt.Sprintf("op kind %d", int(op.Kind))
 }

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/outpost-edge/outpost/internal/clock"
-	"github.com/outpost-edge/outpost/netproxy"
 )
 
 // Netlink is the Ruleset (proxy.Ruleset) that programs the kernel's outpost table over
@@ -163,7 +162,7 @@ func (n *Netlink) Apply(tx *Tx) error {
 		return fmt.Errorf("apply tx: %w", err)
 	}
 	if err := n.send(&enc); err != nil {
-		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), netproxy.TableName, err)
+		return fmt.Errorf("apply tx of %d ops to table %s: %w", len(tx.Ops), TableName, err)
 	}
 	return nil
 }
@@ -583,27 +582,27 @@ func (n *Netlink) List() (Contents, error) {
 	var out Contents
 	c, err := n.conn()
 	if err != nil {
-		return out, fmt.Errorf("list table %s: %w", netproxy.TableName, err)
+		return out, fmt.Errorf("list table %s: %w", TableName, err)
 	}
-	t, err := c.ListTableOfFamily(netproxy.TableName, nftables.TableFamilyINet)
+	t, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet)
 	if errors.Is(err, unix.ENOENT) {
 		return out, nil
 	}
 	if err != nil {
-		return out, fmt.Errorf("list table %s: %w", netproxy.TableName, err)
+		return out, fmt.Errorf("list table %s: %w", TableName, err)
 	}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return out, fmt.Errorf("list chains of table %s: %w", netproxy.TableName, err)
+		return out, fmt.Errorf("list chains of table %s: %w", TableName, err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == netproxy.TableName {
+		if ch.Table.Name == TableName {
 			out.Chains = append(out.Chains, ch.Name)
 		}
 	}
 	sets, err := c.GetSets(t)
 	if err != nil {
-		return out, fmt.Errorf("list sets of table %s: %w", netproxy.TableName, err)
+		return out, fmt.Errorf("list sets of table %s: %w", TableName, err)
 	}
 	for _, s := range sets {
 		switch {
@@ -628,7 +627,7 @@ func (n *Netlink) Elements(name string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("list elements of %s: %w", name, err)
 	}
-	t := &nftables.Table{Name: netproxy.TableName, Family: nftables.TableFamilyINet}
+	t := &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
 	s, err := c.GetSetByName(t, name)
 	if err != nil {
 		return 0, fmt.Errorf("list elements of %s: %w", name, err)

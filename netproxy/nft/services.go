@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 )
 
 // nameBaseMax is the longest "HASH-readable" part of a per-ServicePort
@@ -30,7 +30,7 @@ func hashName(readable string) string {
 
 // endpointReadable returns "ns/svc/proto/port__ip/port", with an IPv6
 // address's colons as dots (nft does not take colons in names).
-func endpointReadable(key string, e netproxy.Endpoint) string {
+func endpointReadable(key string, e servicemodel.Endpoint) string {
 	ip := e.Addr.Unmap().String()
 	if strings.Contains(ip, ":") {
 		ip = strings.ReplaceAll(ip, ":", ".")
@@ -78,7 +78,7 @@ func endpointReadable(key string, e netproxy.Endpoint) string {
 //
 // A ServicePort with neither ClusterIPs nor external addresses wants
 // nothing.
-func renderService(key string, sp *netproxy.ServicePort, podCIDR netip.Prefix, o *objects) {
+func renderService(key string, sp *servicemodel.ServicePort, podCIDR netip.Prefix, o *objects) {
 	external := sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
 	if len(sp.ClusterIPs) == 0 && !external {
 		return
@@ -201,7 +201,7 @@ func pick(v6 bool, v4map, v6map mapID) mapID {
 
 // indexes returns the positions in all of sub, a subsequence of all (as
 // ServicePort.Usable returns).
-func indexes(all, sub []netproxy.Endpoint) []int {
+func indexes(all, sub []servicemodel.Endpoint) []int {
 	idx := make([]int, 0, len(sub))
 	j := 0
 	for _, e := range sub {
@@ -277,7 +277,7 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 // svcRender renders one ServicePort's chains.
 type svcRender struct {
 	key     string
-	sp      *netproxy.ServicePort
+	sp      *servicemodel.ServicePort
 	podCIDR netip.Prefix
 	proto   string
 	base    string   // HASH-ns/svc/proto/port

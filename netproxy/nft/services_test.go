@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/nfttest"
@@ -46,16 +46,16 @@ func tsIsLocal(a netip.Addr) bool {
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-func ready(a netip.Addr, port uint16, local bool) netproxy.Endpoint {
-	return netproxy.Endpoint{Addr: a, Port: port, Ready: true, Serving: true, Local: local}
+func ready(a netip.Addr, port uint16, local bool) servicemodel.Endpoint {
+	return servicemodel.Endpoint{Addr: a, Port: port, Ready: true, Serving: true, Local: local}
 }
 
 // The representative services, one per feature.
-func svcClusterIP() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcClusterIP() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "web", PortName: "http", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.10")}, Port: 80,
-		Endpoints: []netproxy.Endpoint{
+		Endpoints: []servicemodel.Endpoint{
 			ready(tsLocalEP, 8080, true),
 			ready(tsRemote, 8080, false),
 			{Addr: tsRemote2, Port: 8080, Serving: false}, // not ready: no traffic
@@ -63,106 +63,106 @@ func svcClusterIP() netproxy.ServicePort {
 	}
 }
 
-func svcUDP() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcUDP() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "kube-system", Name: "dns", Protocol: "UDP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.53")}, Port: 53,
-		Endpoints: []netproxy.Endpoint{ready(tsLocal2, 53, true)},
+		Endpoints: []servicemodel.Endpoint{ready(tsLocal2, 53, true)},
 	}
 }
 
-func svcSCTP() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcSCTP() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "diameter", Protocol: "SCTP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.20")}, Port: 3868,
-		Endpoints: []netproxy.Endpoint{ready(tsRemote, 3868, false)},
+		Endpoints: []servicemodel.Endpoint{ready(tsRemote, 3868, false)},
 	}
 }
 
-func svcNodePort() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcNodePort() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "np", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.30")}, Port: 80, NodePort: 30080,
-		Endpoints: []netproxy.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
+		Endpoints: []servicemodel.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
 	}
 }
 
-func svcExternalIP() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcExternalIP() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "ext", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.31")}, Port: 80,
 		ExternalIPs: []netip.Addr{ip("198.51.100.7")},
-		Endpoints:   []netproxy.Endpoint{ready(tsRemote, 8080, false)},
+		Endpoints:   []servicemodel.Endpoint{ready(tsRemote, 8080, false)},
 	}
 }
 
-func svcLoadBalancer() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcLoadBalancer() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "lb", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.32")}, Port: 443, NodePort: 30443,
 		LoadBalancerIPs: []netip.Addr{ip("203.0.113.5")},
-		Endpoints:       []netproxy.Endpoint{ready(tsLocalEP, 8443, true)},
+		Endpoints:       []servicemodel.Endpoint{ready(tsLocalEP, 8443, true)},
 	}
 }
 
-func svcAffinity() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcAffinity() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "sticky", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.40")}, Port: 80, AffinityTimeout: 3 * time.Hour,
-		Endpoints: []netproxy.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
+		Endpoints: []servicemodel.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
 	}
 }
 
-func svcInternalLocal() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcInternalLocal() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "itp", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.50")}, Port: 80, InternalLocal: true,
-		Endpoints: []netproxy.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
+		Endpoints: []servicemodel.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
 	}
 }
 
-func svcExternalLocal() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcExternalLocal() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "etp", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.60")}, Port: 80, NodePort: 30060, ExternalLocal: true,
 		LoadBalancerIPs: []netip.Addr{ip("203.0.113.6")},
-		Endpoints:       []netproxy.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
+		Endpoints:       []servicemodel.Endpoint{ready(tsLocalEP, 8080, true), ready(tsRemote, 8080, false)},
 	}
 }
 
-func svcExternalLocalNone() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcExternalLocalNone() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "etp-remote", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.61")}, Port: 80, NodePort: 30061, ExternalLocal: true,
 		LoadBalancerIPs: []netip.Addr{ip("203.0.113.7")},
-		Endpoints:       []netproxy.Endpoint{ready(tsRemote, 8080, false)},
+		Endpoints:       []servicemodel.Endpoint{ready(tsRemote, 8080, false)},
 	}
 }
 
-func svcNoEndpoints() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcNoEndpoints() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "empty", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.70")}, Port: 80, NodePort: 30070,
 		ExternalIPs: []netip.Addr{ip("198.51.100.8")},
 	}
 }
 
-func svcTerminating() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcTerminating() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "draining", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.80")}, Port: 80,
-		Endpoints: []netproxy.Endpoint{
+		Endpoints: []servicemodel.Endpoint{
 			{Addr: tsLocalEP, Port: 8080, Serving: true, Terminating: true, Local: true},
 			{Addr: tsRemote, Port: 8080, Terminating: true}, // not serving: no traffic
 		},
 	}
 }
 
-func svcDualStack() netproxy.ServicePort {
-	return netproxy.ServicePort{
+func svcDualStack() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
 		Namespace: "default", Name: "dual", Protocol: "TCP",
 		ClusterIPs: []netip.Addr{ip("10.96.0.90"), ip("fd00:96::90")}, Port: 80,
-		Endpoints: []netproxy.Endpoint{ready(tsLocalEP, 8080, true), ready(tsLocal6, 8080, true)},
+		Endpoints: []servicemodel.Endpoint{ready(tsLocalEP, 8080, true), ready(tsLocal6, 8080, true)},
 	}
 }
 
@@ -179,7 +179,7 @@ func tsState() nft.State {
 	return nft.State{
 		PodCIDR:   tsPodCIDR,
 		HostPorts: tsHostPorts(),
-		Services: []netproxy.ServicePort{
+		Services: []servicemodel.ServicePort{
 			svcClusterIP(), svcUDP(), svcSCTP(), svcNodePort(), svcExternalIP(), svcLoadBalancer(),
 			svcAffinity(), svcInternalLocal(), svcExternalLocal(), svcExternalLocalNone(),
 			svcNoEndpoints(), svcTerminating(), svcDualStack(),
@@ -206,18 +206,18 @@ func TestTableGolden(t *testing.T) {
 		s    nft.State
 	}{
 		{"empty", nft.State{PodCIDR: tsPodCIDR}},
-		{"clusterip", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcClusterIP()}}},
-		{"udp", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcUDP()}}},
-		{"sctp", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcSCTP()}}},
-		{"nodeport", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcNodePort()}}},
-		{"externalip", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcExternalIP()}}},
-		{"loadbalancer", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcLoadBalancer()}}},
-		{"affinity", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcAffinity()}}},
-		{"internal-local", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcInternalLocal()}}},
-		{"external-local", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcExternalLocal(), svcExternalLocalNone()}}},
-		{"no-endpoints", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcNoEndpoints()}}},
-		{"terminating", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcTerminating()}}},
-		{"dual-stack", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{svcDualStack()}}},
+		{"clusterip", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcClusterIP()}}},
+		{"udp", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcUDP()}}},
+		{"sctp", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcSCTP()}}},
+		{"nodeport", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcNodePort()}}},
+		{"externalip", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcExternalIP()}}},
+		{"loadbalancer", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcLoadBalancer()}}},
+		{"affinity", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcAffinity()}}},
+		{"internal-local", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcInternalLocal()}}},
+		{"external-local", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcExternalLocal(), svcExternalLocalNone()}}},
+		{"no-endpoints", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcNoEndpoints()}}},
+		{"terminating", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcTerminating()}}},
+		{"dual-stack", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{svcDualStack()}}},
 		{"hostports", nft.State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts()}},
 		{"all", tsState()},
 	} {
@@ -263,8 +263,8 @@ func traceOutcomes(t *testing.T, f *nfttest.Fake, p nfttest.Packet) []string {
 }
 
 // affinitySetOf returns the name of the affinity set of sp's endpoint e.
-func affinitySetOf(sp netproxy.ServicePort, e netip.Addr, port uint16) string {
-	return nft.PrefixAffinity + nft.HashName(nft.EndpointReadable(sp.String(), netproxy.Endpoint{Addr: e, Port: port}))
+func affinitySetOf(sp servicemodel.ServicePort, e netip.Addr, port uint16) string {
+	return nft.PrefixAffinity + nft.HashName(nft.EndpointReadable(sp.String(), servicemodel.Endpoint{Addr: e, Port: port}))
 }
 
 // TestTableTrace pushes packets through the representative table and
@@ -403,7 +403,7 @@ func TestHashName(t *testing.T) {
 	if got, want := nft.HashName(sp.String()), "SUSTUHLJ-default/web/tcp/http"; got != want {
 		t.Errorf("hashName = %q, want %q", got, want)
 	}
-	e := nft.EndpointReadable(sp.String(), netproxy.Endpoint{Addr: ip("fd00::1"), Port: 80})
+	e := nft.EndpointReadable(sp.String(), servicemodel.Endpoint{Addr: ip("fd00::1"), Port: 80})
 	if want := "default/web/tcp/http__fd00..1/80"; e != want {
 		t.Errorf("endpointReadable = %q, want %q", e, want)
 	}
@@ -423,9 +423,9 @@ func TestSyncRejectsBadState(t *testing.T) {
 		{"no pod CIDR", nft.State{}, "pod CIDR is not set"},
 		{"pod CIDR not a network", nft.State{PodCIDR: netip.MustParsePrefix("10.42.0.1/24")}, "not a network address"},
 		{"bad hostPort", nft.State{PodCIDR: tsPodCIDR, HostPorts: []nft.HostPort{{HostPort: 1, ContainerPort: 1}}}, "pod IP is not set"},
-		{"bad protocol", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "ICMP", Port: 1}}}, `protocol "ICMP"`},
-		{"no port", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP"}}}, "port is not set"},
-		{"bad endpoint", nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP", Port: 1, Endpoints: []netproxy.Endpoint{{Addr: tsPod}}}}}, "address and port must be set"},
+		{"bad protocol", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{{Namespace: "a", Name: "b", Protocol: "ICMP", Port: 1}}}, `protocol "ICMP"`},
+		{"no port", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP"}}}, "port is not set"},
+		{"bad endpoint", nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{{Namespace: "a", Name: "b", Protocol: "TCP", Port: 1, Endpoints: []servicemodel.Endpoint{{Addr: tsPod}}}}}, "address and port must be set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := nfttest.NewFake()
@@ -467,7 +467,7 @@ func TestTableBalancesDualStackEvenly(t *testing.T) {
 			for i := range n6 {
 				sp.Endpoints = append(sp.Endpoints, ready(netip.MustParseAddr(fmt.Sprintf("fd00:42::1:%d", 10+i)), 8080, false))
 			}
-			f, _ := synced(t, nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
+			f, _ := synced(t, nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{sp}})
 			for _, c := range []struct {
 				src, dst netip.Addr
 				n        int
@@ -505,7 +505,7 @@ func TestTableBalancesEvenly(t *testing.T) {
 		for i := range n {
 			sp.Endpoints = append(sp.Endpoints, ready(netip.AddrFrom4([4]byte{10, 42, 1, byte(10 + i)}), 8080, false))
 		}
-		f, _ := synced(t, nft.State{PodCIDR: tsPodCIDR, Services: []netproxy.ServicePort{sp}})
+		f, _ := synced(t, nft.State{PodCIDR: tsPodCIDR, Services: []servicemodel.ServicePort{sp}})
 		outs, err := f.Trace(nfttest.Packet{Src: tsPod, Dst: ip("10.96.0.10"), Protocol: "TCP", Port: 80}, tsIsLocal)
 		if err != nil {
 			t.Fatal(err)

@@ -8,8 +8,11 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 )
+
+// TableName is the one nftables table (family inet) outpost owns.
+const TableName = "outpost"
 
 // The outpost table's layout (family inet), after kube-proxy's nftables
 // mode. Every chain, map and set name is here.
@@ -175,7 +178,7 @@ type State struct {
 	HostPorts []HostPort
 	// Services are the ServicePorts to proxy. Two with the same String()
 	// keep the first.
-	Services []netproxy.ServicePort
+	Services []servicemodel.ServicePort
 }
 
 // Table keeps the outpost table equal to a State, applying only
@@ -203,7 +206,7 @@ type Table struct {
 // svcEntry is one applied ServicePort.
 type svcEntry struct {
 	key string
-	sp  *netproxy.ServicePort // a copy, or the caller's (ShareServicePorts)
+	sp  *servicemodel.ServicePort // a copy, or the caller's (ShareServicePorts)
 	gen uint64
 }
 
@@ -259,14 +262,14 @@ func (t *Table) Sync(s State) (ops int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !s.PodCIDR.IsValid() {
-		return 0, fmt.Errorf("sync table %s: pod CIDR is not set", netproxy.TableName)
+		return 0, fmt.Errorf("sync table %s: pod CIDR is not set", TableName)
 	}
 	if s.PodCIDR.Masked() != s.PodCIDR {
-		return 0, fmt.Errorf("sync table %s: pod CIDR %s: not a network address (want %s)", netproxy.TableName, s.PodCIDR, s.PodCIDR.Masked())
+		return 0, fmt.Errorf("sync table %s: pod CIDR %s: not a network address (want %s)", TableName, s.PodCIDR, s.PodCIDR.Masked())
 	}
 	hostPorts, err := normalize(s.HostPorts)
 	if err != nil {
-		return 0, fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("sync table %s: %w", TableName, err)
 	}
 	if t.full || s.PodCIDR != t.podCIDR {
 		ops, err = t.syncFull(s.PodCIDR, hostPorts, s.Services)
@@ -274,7 +277,7 @@ func (t *Table) Sync(s State) (ops int, err error) {
 		ops, err = t.syncDiff(hostPorts, s.Services)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sync table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("sync table %s: %w", TableName, err)
 	}
 	return ops, nil
 }
@@ -449,7 +452,7 @@ func (c claims) without(svc string) claims {
 }
 
 // syncFull renders everything and replaces the table's contents in one Tx.
-func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
+func (t *Table) syncFull(podCIDR netip.Prefix, hostPorts []HostPort, services []servicemodel.ServicePort) (int, error) {
 	t.full = true
 	entries := make(map[string]*svcEntry, len(services))
 	keys := make([]string, 0, len(services))
@@ -734,7 +737,7 @@ func (d *delta) unit(svc string, old, cur *objects, applied map[elemID]claims) {
 
 // syncDiff applies the difference between the last applied state and
 // (hostPorts, services) with the same pod CIDR.
-func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) (int, error) {
+func (t *Table) syncDiff(hostPorts []HostPort, services []servicemodel.ServicePort) (int, error) {
 	t.gen++
 	var changes []change
 	var added map[string]bool
@@ -787,7 +790,7 @@ func (t *Table) syncDiff(hostPorts []HostPort, services []netproxy.ServicePort) 
 type change struct {
 	key string
 	old *svcEntry
-	cur *netproxy.ServicePort
+	cur *servicemodel.ServicePort
 }
 
 // Update applies changes to the ServicePorts, and hostPorts, as Sync
@@ -797,15 +800,15 @@ type change struct {
 // its String() and holds its new value, or nil when it is gone; a change
 // to the value last applied is no change, and of two with the same key
 // the first counts. A Table that must sync in full (Full) refuses it.
-func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops int, err error) {
+func (t *Table) Update(hostPorts []HostPort, changes []servicemodel.PortChange) (ops int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.full {
-		return 0, fmt.Errorf("update table %s: the table needs a full sync", netproxy.TableName)
+		return 0, fmt.Errorf("update table %s: the table needs a full sync", TableName)
 	}
 	hostPorts, err = normalize(hostPorts)
 	if err != nil {
-		return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("update table %s: %w", TableName, err)
 	}
 	var diff []change
 	seen := make(map[string]bool, len(changes))
@@ -822,7 +825,7 @@ func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops
 			continue
 		}
 		if t.keyBuf = appendKey(t.keyBuf[:0], c.Port); string(t.keyBuf) != c.Key {
-			return 0, fmt.Errorf("update table %s: service port %s given as %q", netproxy.TableName, t.keyBuf, c.Key)
+			return 0, fmt.Errorf("update table %s: service port %s given as %q", TableName, t.keyBuf, c.Key)
 		}
 		if e != nil && equalServicePort(e.sp, c.Port) {
 			if t.shared {
@@ -831,13 +834,13 @@ func (t *Table) Update(hostPorts []HostPort, changes []netproxy.PortChange) (ops
 			continue
 		}
 		if err := checkServicePort(c.Port); err != nil {
-			return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+			return 0, fmt.Errorf("update table %s: %w", TableName, err)
 		}
 		diff = append(diff, change{c.Key, e, c.Port})
 	}
 	ops, err = t.applyDiff(hostPorts, diff)
 	if err != nil {
-		return 0, fmt.Errorf("update table %s: %w", netproxy.TableName, err)
+		return 0, fmt.Errorf("update table %s: %w", TableName, err)
 	}
 	return ops, nil
 }
@@ -997,7 +1000,7 @@ func (t *Table) commitDiff(hostPorts []HostPort, d *delta) {
 }
 
 // commitService records an applied change of one ServicePort.
-func (t *Table) commitService(key string, old *svcEntry, cur *netproxy.ServicePort) {
+func (t *Table) commitService(key string, old *svcEntry, cur *servicemodel.ServicePort) {
 	switch {
 	case cur == nil:
 		delete(t.services, key)
@@ -1152,7 +1155,7 @@ func hairpinRule(podCIDR netip.Prefix, h HostPort) Rule {
 }
 
 // appendKey appends sp.String() to b without allocating.
-func appendKey(b []byte, sp *netproxy.ServicePort) []byte {
+func appendKey(b []byte, sp *servicemodel.ServicePort) []byte {
 	b = append(b, sp.Namespace...)
 	b = append(b, '/')
 	b = append(b, sp.Name...)
@@ -1172,7 +1175,7 @@ func appendKey(b []byte, sp *netproxy.ServicePort) []byte {
 }
 
 // equalServicePort reports whether a and b render the same.
-func equalServicePort(a, b *netproxy.ServicePort) bool {
+func equalServicePort(a, b *servicemodel.ServicePort) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.PortName == b.PortName &&
 		a.Protocol == b.Protocol && a.Port == b.Port && a.NodePort == b.NodePort &&
 		a.AffinityTimeout == b.AffinityTimeout &&
@@ -1185,7 +1188,7 @@ func equalServicePort(a, b *netproxy.ServicePort) bool {
 
 // keep is what the Table keeps of an applied ServicePort: sp itself when
 // it is shared (ShareServicePorts), else a copy.
-func (t *Table) keep(sp *netproxy.ServicePort) *netproxy.ServicePort {
+func (t *Table) keep(sp *servicemodel.ServicePort) *servicemodel.ServicePort {
 	if t.shared {
 		return sp
 	}
@@ -1206,7 +1209,7 @@ func (t *Table) ShareServicePorts() {
 
 // cloneServicePort copies sp and its slices, so the caller may reuse
 // theirs.
-func cloneServicePort(sp *netproxy.ServicePort) netproxy.ServicePort {
+func cloneServicePort(sp *servicemodel.ServicePort) servicemodel.ServicePort {
 	c := *sp
 	c.ClusterIPs = slices.Clip(slices.Clone(sp.ClusterIPs))
 	c.ExternalIPs = slices.Clip(slices.Clone(sp.ExternalIPs))
@@ -1216,7 +1219,7 @@ func cloneServicePort(sp *netproxy.ServicePort) netproxy.ServicePort {
 }
 
 // checkServicePort reports what makes sp impossible to render.
-func checkServicePort(sp *netproxy.ServicePort) error {
+func checkServicePort(sp *servicemodel.ServicePort) error {
 	if canonicalProtocol(sp.Protocol) == "" {
 		return fmt.Errorf("service port %s: protocol %q: want TCP, UDP or SCTP", sp, sp.Protocol)
 	}

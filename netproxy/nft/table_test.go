@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/nfttest"
@@ -20,8 +20,8 @@ import (
 // genService returns the i-th of many similar ServicePorts: a ClusterIP
 // (every fourth with a NodePort) with five endpoints, two of them on this
 // node.
-func genService(i int) netproxy.ServicePort {
-	sp := netproxy.ServicePort{
+func genService(i int) servicemodel.ServicePort {
+	sp := servicemodel.ServicePort{
 		Namespace:  fmt.Sprintf("ns%d", i%10),
 		Name:       fmt.Sprintf("svc%d", i),
 		Protocol:   "TCP",
@@ -33,7 +33,7 @@ func genService(i int) netproxy.ServicePort {
 	}
 	for j := range 5 {
 		n := i*5 + j
-		sp.Endpoints = append(sp.Endpoints, netproxy.Endpoint{
+		sp.Endpoints = append(sp.Endpoints, servicemodel.Endpoint{
 			Addr: netip.AddrFrom4([4]byte{10, 64 + byte(n>>16), byte(n >> 8), byte(n)}), Port: 8080,
 			Ready: true, Serving: true, Local: j < 2,
 		})
@@ -42,7 +42,7 @@ func genService(i int) netproxy.ServicePort {
 }
 
 func genState(n int) nft.State {
-	s := nft.State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts(), Services: make([]netproxy.ServicePort, n)}
+	s := nft.State{PodCIDR: tsPodCIDR, HostPorts: tsHostPorts(), Services: make([]servicemodel.ServicePort, n)}
 	for i := range n {
 		s.Services[i] = genService(i)
 	}
@@ -50,7 +50,7 @@ func genState(n int) nft.State {
 }
 
 // withServices returns s with other services (sharing nothing with s).
-func withServices(s nft.State, sps ...netproxy.ServicePort) nft.State {
+func withServices(s nft.State, sps ...servicemodel.ServicePort) nft.State {
 	s.Services = append(slices.Clip(s.Services), sps...)
 	return s
 }
@@ -87,10 +87,10 @@ func TestSyncIncrementalCost(t *testing.T) {
 	extra.ClusterIPs = []netip.Addr{ip("10.97.0.1")} // no genService has it
 	extra.LoadBalancerIPs = []netip.Addr{ip("203.0.113.99")}
 	changed := extra
-	changed.Endpoints = []netproxy.Endpoint{ready(tsRemote, 8080, false), ready(tsRemote2, 8080, false), ready(tsLocal2, 8080, true)}
+	changed.Endpoints = []servicemodel.Endpoint{ready(tsRemote, 8080, false), ready(tsRemote2, 8080, false), ready(tsLocal2, 8080, true)}
 	steps := []struct {
 		name string
-		sp   *netproxy.ServicePort
+		sp   *servicemodel.ServicePort
 	}{{"add", &extra}, {"change endpoints", &changed}, {"delete", nil}}
 
 	var ops [2][]int
@@ -130,12 +130,12 @@ func TestSyncIncrementalCost(t *testing.T) {
 
 // opTouches reports whether op is about sp's chains, sets or elements
 // (its endpoints' hairpin elements included).
-func opTouches(op nft.Op, sp netproxy.ServicePort) bool {
+func opTouches(op nft.Op, sp servicemodel.ServicePort) bool {
 	key := sp.String()
 	switch op.Kind {
 	case nft.OpAddElem, nft.OpDelElem:
 		if op.Key.Addr2.IsValid() {
-			return slices.ContainsFunc(sp.Endpoints, func(e netproxy.Endpoint) bool { return e.Addr == op.Key.Addr })
+			return slices.ContainsFunc(sp.Endpoints, func(e servicemodel.Endpoint) bool { return e.Addr == op.Key.Addr })
 		}
 		addrs := slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
 		if op.Key.Addr.IsValid() {
@@ -172,7 +172,7 @@ func TestSyncGroupedElementsOnly(t *testing.T) {
 	f, tb := synced(t, base)
 	for _, step := range []struct {
 		name     string
-		sp       *netproxy.ServicePort
+		sp       *servicemodel.ServicePort
 		elemOnly bool
 	}{
 		{"add", &extra, true},
@@ -232,7 +232,7 @@ func TestSyncSharedAddress(t *testing.T) {
 	a, b := svcExternalIP(), svcExternalIP()
 	a.Name, b.Name = "a", "b"
 	b.ClusterIPs = []netip.Addr{ip("10.96.0.33")}
-	b.Endpoints = []netproxy.Endpoint{ready(tsRemote2, 9090, false)}
+	b.Endpoints = []servicemodel.Endpoint{ready(tsRemote2, 9090, false)}
 	base := nft.State{PodCIDR: tsPodCIDR}
 	viaExternal := func(f *nfttest.Fake) []string {
 		return traceOutcomes(t, f, nfttest.Packet{Src: tsClient, Dst: ip("198.51.100.7"), Protocol: "TCP", Port: 80})
@@ -452,16 +452,16 @@ func TestUpdateRandom(t *testing.T) {
 			prev = s
 			continue
 		}
-		var changes []netproxy.PortChange
+		var changes []servicemodel.PortChange
 		cur := map[string]bool{}
 		for i := range s.Services {
 			k := s.Services[i].String()
 			cur[k] = true
-			changes = append(changes, netproxy.PortChange{Key: k, Port: &s.Services[i]})
+			changes = append(changes, servicemodel.PortChange{Key: k, Port: &s.Services[i]})
 		}
 		for _, sp := range prev.Services {
 			if k := sp.String(); !cur[k] {
-				changes = append(changes, netproxy.PortChange{Key: k})
+				changes = append(changes, servicemodel.PortChange{Key: k})
 				cur[k] = true
 			}
 		}
@@ -472,8 +472,8 @@ func TestUpdateRandom(t *testing.T) {
 		checkEqualsFull(t, f, tb, s)
 		prev = s
 	}
-	bad := netproxy.ServicePort{Namespace: "ns", Name: "x", Protocol: "TCP", Port: 80}
-	if _, err := tb.Update(nil, []netproxy.PortChange{{Key: "ns/y/tcp/80", Port: &bad}}); err == nil || !strings.Contains(err.Error(), "ns/x/tcp/80") {
+	bad := servicemodel.ServicePort{Namespace: "ns", Name: "x", Protocol: "TCP", Port: 80}
+	if _, err := tb.Update(nil, []servicemodel.PortChange{{Key: "ns/y/tcp/80", Port: &bad}}); err == nil || !strings.Contains(err.Error(), "ns/x/tcp/80") {
 		t.Errorf("Update with a key that is not the port's: %v", err)
 	}
 }
@@ -493,7 +493,7 @@ func randomState(rng *rand.Rand) nft.State {
 		if pick(4) {
 			continue
 		}
-		sp := netproxy.ServicePort{
+		sp := servicemodel.ServicePort{
 			Namespace: "ns", Name: fmt.Sprintf("s%d", i), Protocol: []string{"TCP", "UDP", "SCTP"}[i%3],
 			Port: uint16(80 + rng.IntN(2)),
 		}
@@ -518,7 +518,7 @@ func randomState(rng *rand.Rand) nft.State {
 			if pick(2) {
 				continue
 			}
-			sp.Endpoints = append(sp.Endpoints, netproxy.Endpoint{
+			sp.Endpoints = append(sp.Endpoints, servicemodel.Endpoint{
 				Addr: a, Port: uint16(8080 + rng.IntN(2)),
 				Ready: !pick(3), Serving: !pick(3), Terminating: pick(3),
 				Local: a.Is6() || a.As4()[2] == 0,

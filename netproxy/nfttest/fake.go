@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 )
 
@@ -876,7 +875,7 @@ func (f *Fake) Dump() string {
 		b.WriteString("\t}\n")
 		blocks = append(blocks, b.String())
 	}
-	return "table inet " + netproxy.TableName + " {\n" + strings.Join(blocks, "\n") + "}\n"
+	return "table inet " + nft.TableName + " {\n" + strings.Join(blocks, "\n") + "}\n"
 }
 
 // formatElements prints map elements as nft does, one a line, sorted.

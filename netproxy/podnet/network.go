@@ -7,9 +7,11 @@
 // restarted agent finds the addresses it handed out before; every
 // operation is idempotent, so the agent can simply repeat it after a
 // crash. podnet is the one package that talks to the kernel through
-// vishvananda/netlink and netns; it prefers netlink handles bound to a
-// namespace over switching threads, and when it must switch a thread it
-// never returns one to the scheduler in the wrong namespace.
+// vishvananda/netlink and netns, so it also deletes the service proxy's
+// stale UDP conntrack flows (Conntrack, udpflows.go). It prefers netlink
+// handles bound to a namespace over switching threads, and when it must
+// switch a thread it never returns one to the scheduler in the wrong
+// namespace.
 package podnet
 
 import (
@@ -29,12 +31,13 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/store"
 )
 
 // Defaults for the zero values of Config.
 const (
+	// DefaultBridgeName is the Linux bridge pods attach to.
+	DefaultBridgeName = "outpost0"
 	// DefaultNetnsDir is where pod netns files are bind-mounted, as for
 	// `ip netns`.
 	DefaultNetnsDir = "/run/netns"
@@ -141,7 +144,7 @@ func New(cfg Config, deps Deps) (*Network, error) {
 		return nil, fmt.Errorf("new pod network: %w", err)
 	}
 	if cfg.BridgeName == "" {
-		cfg.BridgeName = netproxy.BridgeName
+		cfg.BridgeName = DefaultBridgeName
 	}
 	if len(cfg.BridgeName) > unix.IFNAMSIZ-1 || strings.ContainsAny(cfg.BridgeName, "/ \x00") {
 		return nil, fmt.Errorf("new pod network: bridge name %q: not a valid interface name", cfg.BridgeName)

@@ -1,8 +1,9 @@
 // Package proxy is outpost's kube-proxy: one loop that reads Services,
 // EndpointSlices, pods and their addresses from the store, together with
 // the readiness of this node's pods as the agent sees it now, builds the
-// service model (netproxy.Build) and keeps the nftables table equal to it
-// (nft.Table), deleting stale UDP conntrack entries when endpoints go.
+// service model (servicemodel.Index) and keeps the nftables table equal
+// to it (nft.Table), deleting stale UDP conntrack entries when endpoints
+// go (staleflows.go).
 //
 // The store is the only source, so the rules are rebuilt after a reboot
 // with no network, and local endpoints follow local readiness probes while
@@ -18,7 +19,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -28,8 +28,8 @@ import (
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/memtrim"
 	"github.com/outpost-edge/outpost/internal/report"
-	"github.com/outpost-edge/outpost/netproxy"
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -63,7 +63,7 @@ const (
 
 // LocalPods returns this node's pods with their current readiness, and
 // whether the agent has seen every pod it runs since it started (settled).
-type LocalPods func() (pods []netproxy.LocalPod, settled bool)
+type LocalPods func() (pods []servicemodel.LocalPod, settled bool)
 
 // Ruleset applies Txs to the outpost table: nft.Netlink, or
 // nfttest.Fake in tests.
@@ -119,7 +119,7 @@ type Proxy struct {
 	// until the first sync, and after a failed read of the store, when
 	// the next sync reads everything.
 	feed      *store.Feed
-	index     *netproxy.Index
+	index     *servicemodel.Index
 	podsCache *store.Cache[*corev1.Pod]
 	readMany  bool // this sync read bigRead Services or more
 
@@ -130,14 +130,6 @@ type Proxy struct {
 	// applied, to find the flows to delete; nil before the first sync,
 	// when what an earlier run applied is not known.
 	usable map[string]udpPort
-}
-
-// udpPort is what conntrack cleanup needs of one UDP service port.
-type udpPort struct {
-	dests     []netip.Addr // cluster, external and load-balancer IPs
-	port      uint16
-	nodePort  uint16
-	endpoints []netip.AddrPort
 }
 
 // New checks cfg and returns a Proxy; it does not touch the kernel.
@@ -216,13 +208,13 @@ func (p *Proxy) sync() (int, error) {
 			ipOf[owner] = a
 		}
 	}
-	var local []netproxy.LocalPod
+	var local []servicemodel.LocalPod
 	if p.deps.LocalPods != nil {
 		local, _ = p.deps.LocalPods()
 	} else {
 		for _, r := range pods {
 			if ip, ok := ipOf[string(r.Object.UID)]; ok {
-				local = append(local, netproxy.LocalPod{Pod: r.Object, IPs: []netip.Addr{ip}, Ready: true})
+				local = append(local, servicemodel.LocalPod{Pod: r.Object, IPs: []netip.Addr{ip}, Ready: true})
 			}
 		}
 	}
@@ -269,9 +261,9 @@ func (p *Proxy) sync() (int, error) {
 // read brings the index up to date with the store: every Service and
 // EndpointSlice when reload is set, else those under keys. It returns the
 // objects it decoded on the way, which build need not read again.
-func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (netproxy.Objects, error) {
+func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (servicemodel.Objects, error) {
 	st := p.deps.Store
-	var have netproxy.Objects
+	var have servicemodel.Objects
 	var err error
 	if reload {
 		svcs, err := st.Services().Keys()
@@ -282,7 +274,7 @@ func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (netproxy.Object
 		if err = p.skipBad(eps == nil, err); err != nil {
 			return have, fmt.Errorf("read endpoint slices: %w", err)
 		}
-		p.index = netproxy.NewIndex(p.cfg.Node)
+		p.index = servicemodel.NewIndex(p.cfg.Node)
 		for _, k := range svcs {
 			p.index.ServiceChanged(k, true)
 		}
@@ -290,7 +282,7 @@ func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (netproxy.Object
 		for _, r := range eps {
 			k := store.Key(r.Object.Namespace, r.Object.Name)
 			have.Slices[k] = r
-			p.index.SliceChanged(k, netproxy.SliceOwner(r.Object))
+			p.index.SliceChanged(k, servicemodel.SliceOwner(r.Object))
 		}
 		return have, nil
 	}
@@ -310,7 +302,7 @@ func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (netproxy.Object
 			return have, fmt.Errorf("read endpoint slices: %w", err)
 		}
 		for _, k := range eps {
-			p.index.SliceChanged(k, netproxy.SliceOwner(have.Slices[k].Object))
+			p.index.SliceChanged(k, servicemodel.SliceOwner(have.Slices[k].Object))
 		}
 	}
 	return have, nil
@@ -319,7 +311,7 @@ func (p *Proxy) read(keys map[store.Kind][]string, reload bool) (netproxy.Object
 // build builds the Services the index has pending, reading from the
 // store those of them and of their EndpointSlices that read did not
 // (have).
-func (p *Proxy) build(local []netproxy.LocalPod, have netproxy.Objects) ([]netproxy.PortChange, []error, error) {
+func (p *Proxy) build(local []servicemodel.LocalPod, have servicemodel.Objects) ([]servicemodel.PortChange, []error, error) {
 	svcKeys, sliceKeys := p.index.Pending(local)
 	objs := have
 	var err error
@@ -368,19 +360,6 @@ func (p *Proxy) skipBad(failed bool, err error) error {
 	}
 	p.deps.Log.Warn("stored object skipped", "err", err)
 	return nil
-}
-
-// udpOf is what conntrack cleanup needs of sp, when sp is UDP.
-func udpOf(sp *netproxy.ServicePort) (udpPort, bool) {
-	if sp == nil || sp.Protocol != "UDP" {
-		return udpPort{}, false
-	}
-	u := udpPort{port: sp.Port, nodePort: sp.NodePort}
-	u.dests = slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
-	for _, e := range sp.Usable(false) {
-		u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
-	}
-	return u, true
 }
 
 // trim gives back the memory a big sync touched.

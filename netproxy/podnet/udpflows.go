@@ -3,13 +3,37 @@ package podnet
 import (
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/outpost-edge/outpost/netproxy"
 )
+
+// This file deletes the UDP conntrack flows that the service proxy
+// (netproxy/proxy, staleflows.go) finds stale: it is here because podnet
+// is the one package that talks netlink.
+
+// UDPFlowFilter selects UDP conntrack flows; a zero field matches
+// anything.
+type UDPFlowFilter struct {
+	// OrigDst and OrigDstPort are the address and port the client sent
+	// to (a cluster, external or load-balancer IP, or a node port).
+	OrigDst     netip.Addr
+	OrigDstPort uint16
+	// ReplySrc is the address replies come from: the endpoint a flow was
+	// DNATed to.
+	ReplySrc netip.Addr
+}
+
+// String returns the filter as "udp dst=…:port reply-src=…".
+func (f UDPFlowFilter) String() string {
+	s := fmt.Sprintf("udp dst=%v:%d", f.OrigDst, f.OrigDstPort)
+	if f.ReplySrc.IsValid() {
+		s += " reply-src=" + f.ReplySrc.String()
+	}
+	return s
+}
 
 // Conntrack deletes the service proxy's stale UDP conntrack flows through
 // netlink, in one network namespace.
@@ -21,7 +45,7 @@ type Conntrack struct {
 
 // DeleteUDP deletes the UDP flows matching any of filters, in both
 // address families.
-func (c Conntrack) DeleteUDP(filters []netproxy.UDPFlowFilter) (int, error) {
+func (c Conntrack) DeleteUDP(filters []UDPFlowFilter) (int, error) {
 	if len(filters) == 0 {
 		return 0, nil
 	}

@@ -1,4 +1,4 @@
-package netproxy
+package servicemodel
 
 import (
 	"fmt"

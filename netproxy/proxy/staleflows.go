@@ -1,13 +1,18 @@
 package proxy
 
 import (
+	"net/netip"
 	"slices"
 
-	"github.com/outpost-edge/outpost/netproxy"
+	"github.com/outpost-edge/outpost/netproxy/podnet"
+	"github.com/outpost-edge/outpost/netproxy/servicemodel"
 )
 
+// This file finds the UDP conntrack flows that an applied change made
+// stale and has Deps.Conntrack delete them.
+
 // Filter selects UDP conntrack flows.
-type Filter = netproxy.UDPFlowFilter
+type Filter = podnet.UDPFlowFilter
 
 // Conntrack deletes UDP flows. UDP has no connection to close, so a flow
 // DNATed to an endpoint that has gone would keep sending the client's
@@ -16,6 +21,27 @@ type Filter = netproxy.UDPFlowFilter
 // netlink one.
 type Conntrack interface {
 	DeleteUDP(filters []Filter) (deleted int, err error)
+}
+
+// udpPort is what conntrack cleanup needs of one UDP service port.
+type udpPort struct {
+	dests     []netip.Addr // cluster, external and load-balancer IPs
+	port      uint16
+	nodePort  uint16
+	endpoints []netip.AddrPort
+}
+
+// udpOf is what conntrack cleanup needs of sp, when sp is UDP.
+func udpOf(sp *servicemodel.ServicePort) (udpPort, bool) {
+	if sp == nil || sp.Protocol != "UDP" {
+		return udpPort{}, false
+	}
+	u := udpPort{port: sp.Port, nodePort: sp.NodePort}
+	u.dests = slices.Concat(sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs)
+	for _, e := range sp.Usable(false) {
+		u.endpoints = append(u.endpoints, netip.AddrPortFrom(e.Addr, e.Port))
+	}
+	return u, true
 }
 
 // staleFlows returns the filters for the flows that the change from prev
