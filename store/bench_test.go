@@ -96,7 +96,9 @@ func BenchmarkCodec(b *testing.B) {
 	})
 }
 
-func benchStore(b *testing.B) *Store {
+func benchStore(b *testing.B) *Store { return benchStoreOpts(b, Options{}) }
+
+func benchStoreOpts(b *testing.B, opts Options) *Store {
 	dir := os.Getenv("OUTPOST_BENCH_DIR") // a disk, not tmpfs, for write bytes
 	if dir == "" {
 		dir = b.TempDir()
@@ -107,7 +109,7 @@ func benchStore(b *testing.B) *Store {
 		}
 		b.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	s, err := Open(filepath.Join(dir, FileName), Options{})
+	s, err := Open(filepath.Join(dir, FileName), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -172,9 +174,15 @@ func writeBytes() int64 {
 }
 
 // BenchmarkJournalAppendSerial is one writer appending: every append is its
-// own transaction and fsync, the worst case for an SD card.
+// own transaction and fsync, the worst case for an SD card. Scratch is the
+// same on a scratch store (Options.Scratch, the bridge's per node): no
+// fsync, and no wait for other writers to share one.
 func BenchmarkJournalAppendSerial(b *testing.B) {
-	s := benchStore(b)
+	b.Run("synced", func(b *testing.B) { benchAppendSerial(b, benchStore(b)) })
+	b.Run("scratch", func(b *testing.B) { benchAppendSerial(b, benchStoreOpts(b, Options{Scratch: true})) })
+}
+
+func benchAppendSerial(b *testing.B, s *Store) {
 	st, _ := typicalPod().Status.Marshal()
 	before := writeBytes()
 	i := 0

@@ -61,12 +61,20 @@ type Options struct {
 	LockTimeout time.Duration
 	// SkipCheck skips the consistency check Open runs on the whole file.
 	SkipCheck bool
+	// Scratch is for a store emptied at every start, as the bridge's
+	// stores of its nodes are: writes are not synced to disk, and each
+	// goes at once, not gathered with others for one sync (bbolt's Batch
+	// waits 10 ms for company, which bounds one writer to 100 writes a
+	// second).
+	Scratch bool
 }
 
 // Store is an open store file. Its methods are safe for concurrent use.
 type Store struct {
 	db   *bolt.DB
 	path string
+	// scratch: writes are not synced, nor batched (Options.Scratch).
+	scratch bool
 
 	mu    sync.Mutex
 	subs  map[Kind][]chan struct{}
@@ -119,7 +127,8 @@ func Open(path string, opts Options) (s *Store, err error) {
 	case err != nil:
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	s = &Store{db: db, path: path, subs: map[Kind][]chan struct{}{}, feeds: map[Kind][]*Feed{}, srcKeys: map[Kind]map[Source]map[string]struct{}{}}
+	db.NoSync = opts.Scratch
+	s = &Store{db: db, path: path, scratch: opts.Scratch, subs: map[Kind][]chan struct{}{}, feeds: map[Kind][]*Feed{}, srcKeys: map[Kind]map[Source]map[string]struct{}{}}
 	if err := s.init(opts); err != nil {
 		db.Close()
 		return nil, err
@@ -324,7 +333,11 @@ func (s *Store) SetResumeVersion(resource, version string) error {
 // batch runs fn in a batched write transaction. fn may run more than once
 // and must not keep state between runs.
 func (s *Store) batch(fn func(tx *bolt.Tx) error) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	run := s.db.Batch
+	if s.scratch {
+		run = s.db.Update
+	}
+	return run(func(tx *bolt.Tx) error {
 		s.writes.count(tx)
 		return fn(tx)
 	})

@@ -402,3 +402,28 @@ func TestListNamespaceReadsOnlyThatNamespace(t *testing.T) {
 		t.Errorf("ListNamespace(c) = %v, %v; want nothing", recs, err)
 	}
 }
+
+// A scratch store takes writes as any store does, without syncing them.
+func TestScratchStore(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), FileName), Options{NodeName: "node-a", Scratch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.db.NoSync {
+		t.Error("a scratch store syncs its writes")
+	}
+	for i := range 3 {
+		if _, err := s.Append("pod/default/web", []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, s.Pods().Put(SourceAPI, pod("default", "web", "busybox")))
+	es, err := s.Pending(0, 0)
+	if err != nil || len(es) != 1 || es[0].Value[0] != 2 {
+		t.Fatalf("pending %+v, %v; want the last value only", es, err)
+	}
+	if _, ok, err := s.Pods().Get("default", "web"); !ok || err != nil {
+		t.Fatalf("pod stored: %v %v", ok, err)
+	}
+}

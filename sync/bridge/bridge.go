@@ -210,7 +210,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(b.cfg.Dir, "nodes"), 0o700); err != nil {
 		return fmt.Errorf("scratch directory: %w", err)
 	}
-	cst, err := store.Open(filepath.Join(b.cfg.Dir, "cluster.db"), store.Options{SkipCheck: true})
+	cst, err := store.Open(filepath.Join(b.cfg.Dir, "cluster.db"), store.Options{SkipCheck: true, Scratch: true})
 	if err != nil {
 		return err
 	}

@@ -155,7 +155,7 @@ func (n *node) halt() {
 
 // newNode makes a node's store and Syncers; b.mu is held.
 func (b *Bridge) newNode(name string) (*node, error) {
-	st, err := store.Open(filepath.Join(b.cfg.Dir, "nodes", name+".db"), store.Options{NodeName: name, SkipCheck: true})
+	st, err := store.Open(filepath.Join(b.cfg.Dir, "nodes", name+".db"), store.Options{NodeName: name, SkipCheck: true, Scratch: true})
 	if err != nil {
 		return nil, err
 	}
