@@ -60,7 +60,7 @@ func TestServingCertsRequestsAndStores(t *testing.T) {
 		t.Errorf("state before Run %+v", st)
 	}
 	runUntilDone(t, s.Run)
-	ndWait(t, "serving certificate", func() bool { return s.Current() != nil })
+	spinWait.Until(t, "serving certificate", func() bool { return s.Current() != nil })
 	csrs := f.created()
 	if len(csrs) != 1 {
 		t.Fatalf("%d requests created, want 1", len(csrs))
@@ -139,7 +139,7 @@ func TestServingCertsLoadedAtStart(t *testing.T) {
 			}
 			done := runUntilDone(t, s.Run)
 			if tt.wantCSRs > 0 {
-				ndWait(t, "new certificate", func() bool { return s.Current() != nil })
+				spinWait.Until(t, "new certificate", func() bool { return s.Current() != nil })
 			}
 			bsAsleep(t, clk)
 			csrs := f.created()
@@ -175,7 +175,7 @@ func TestServingCertsRenewsAtDeadline(t *testing.T) {
 		t.Fatal("the kept certificate is not served before the deadline")
 	}
 	clk.Advance(2 * time.Minute)
-	ndWait(t, "renewal", func() bool { return !s.Current().Leaf.Equal(old) })
+	spinWait.Until(t, "renewal", func() bool { return !s.Current().Leaf.Equal(old) })
 	csrs := f.created()
 	if len(csrs) != 1 {
 		t.Fatalf("%d requests, want 1", len(csrs))
@@ -199,7 +199,7 @@ func TestServingCertsExpiresWhileDenied(t *testing.T) {
 	f.writeServing(t, dir, "system:node:n1", scWantNames, scWantIPs, ndEpoch.Add(-90*time.Hour), ndEpoch.Add(10*time.Hour))
 	s, log := f.servingCerts(t, dir, scConfig(dir), clk)
 	runUntilDone(t, s.Run)
-	ndWait(t, "denied", func() bool { return s.State().Phase == report.CertDenied })
+	spinWait.Until(t, "denied", func() bool { return s.State().Phase == report.CertDenied })
 	if st := s.State(); !st.Usable || s.Current() == nil || !strings.Contains(st.Reason, "NotThisOne") {
 		t.Errorf("denied renewal with a valid certificate: state %+v", st)
 	}
@@ -460,7 +460,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	if csr.Spec.Username != "system:node:"+name || !slices.Contains(csr.Spec.Groups, "system:nodes") {
 		t.Errorf("request made by %s %v, want the node itself", csr.Spec.Username, csr.Spec.Groups)
 	}
-	ndEventually(t, "waiting for approval", func() bool {
+	apiWait.Until(t, "waiting for approval", func() bool {
 		st := s.State()
 		return st.Phase == report.CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "kubectl certificate approve "+csr.Name)
 	})
@@ -470,7 +470,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	c.approve(t, csr.Name)
 	now := time.Now()
 	issued := c.signServing(t, csr.Name, now.Add(-time.Minute), now.Add(time.Hour))
-	ndEventually(t, "serving certificate", func() bool { return s.Current() != nil })
+	apiWait.Until(t, "serving certificate", func() bool { return s.Current() != nil })
 	leaf := s.Current().Leaf
 	if !leaf.Equal(issued) {
 		t.Errorf("serving %s, want the issued %s", leaf.SerialNumber, issued.SerialNumber)
@@ -521,7 +521,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	c.approve(t, renewal.Name)
 	now = time.Now()
 	second := c.signServing(t, renewal.Name, now.Add(-time.Minute), now.Add(time.Hour))
-	ndEventually(t, "certificate for the new address", func() bool { return m.Current() != nil })
+	apiWait.Until(t, "certificate for the new address", func() bool { return m.Current() != nil })
 	if !m.Current().Leaf.Equal(second) {
 		t.Error("the certificate for the new address is not served")
 	}
