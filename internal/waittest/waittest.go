@@ -4,8 +4,8 @@
 // seen.
 //
 // A condition is called once per look, on the test's goroutine, so it
-// may call t.Fatal, and it may move a fake clock (clocktest.Fake's
-// Advance) when what it waits for fires on that clock's timers.
+// may call t.Fatal. What is awaited may fire on a fake clock's timers: a
+// Poll's Between moves that clock between looks.
 package waittest
 
 import (
@@ -24,6 +24,10 @@ type Poll struct {
 	// A condition that moves a fake clock or only reads memory may look
 	// every millisecond; one that asks a server, less often.
 	Every time.Duration
+	// Between, if set, runs after each wait and before the next look:
+	// a test advances its fake clock there, so that the timers the code
+	// under test waits on fire.
+	Between func()
 }
 
 // For looks at cond until it reports ok. After p.Timeout it fails t
@@ -47,6 +51,9 @@ func (p Poll) For(t testing.TB, what string, cond func() (ok bool, seen string))
 			t.Fatalf("timed out after %v waiting for %s; last seen: %s", p.Timeout, what, seen)
 		}
 		time.Sleep(every)
+		if p.Between != nil {
+			p.Between()
+		}
 	}
 }
 

@@ -70,3 +70,19 @@ func TestUntilSaysWhatWasAwaited(t *testing.T) {
 		t.Errorf("failure %q tells a last sight the condition never reported", msg)
 	}
 }
+
+func TestBetweenRunsBetweenLooks(t *testing.T) {
+	var log []string
+	looks := 0
+	msg := run(func(tb testing.TB) {
+		p := Poll{Timeout: 10 * time.Second, Every: time.Millisecond, Between: func() { log = append(log, "between") }}
+		p.Until(tb, "three looks", func() bool {
+			looks++
+			log = append(log, "look")
+			return looks == 3
+		})
+	})
+	if got, want := strings.Join(log, " "), "look between look between look"; msg != "" || got != want {
+		t.Errorf("failure %q, calls %q; want none, %q", msg, got, want)
+	}
+}
