@@ -140,7 +140,7 @@ func TestBootstrapWithoutValidCert(t *testing.T) {
 			if len(csrs) != 1 {
 				t.Fatalf("%d requests created, want 1", len(csrs))
 			}
-			bsCheckCSR(t, csrs[0], "n1")
+			checkCSR(t, csrs[0], "n1", clientCSR, nil, nil)
 			if u := csrs[0].Spec.Username; u != "token:bootstrap-token" {
 				t.Errorf("request made by %q, want the bootstrap token", u)
 			}
@@ -184,7 +184,7 @@ func TestBootstrapRenewsAtDeadline(t *testing.T) {
 	if len(csrs) != 1 {
 		t.Fatalf("%d requests, want 1", len(csrs))
 	}
-	bsCheckCSR(t, csrs[0], "n1")
+	checkCSR(t, csrs[0], "n1", clientCSR, nil, nil)
 	if u := csrs[0].Spec.Username; u != "system:node:n1" {
 		t.Errorf("renewal requested by %q, want the node's own certificate", u)
 	}
@@ -615,41 +615,6 @@ func caSign(t testing.TB, ca *env.CA, tmpl *x509.Certificate, pub any) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
-// bsCheckCSR checks a request as the kubelet client signer and the node
-// CSR approver want it.
-func bsCheckCSR(t *testing.T, csr *certsv1.CertificateSigningRequest, node string) {
-	t.Helper()
-	if !strings.HasPrefix(csr.Name, "node-csr-") {
-		t.Errorf("request name %q", csr.Name)
-	}
-	if csr.Spec.SignerName != certsv1.KubeAPIServerClientKubeletSignerName {
-		t.Errorf("signer %q", csr.Spec.SignerName)
-	}
-	if !slices.Equal(csr.Spec.Usages, []certsv1.KeyUsage{certsv1.UsageDigitalSignature, certsv1.UsageClientAuth}) {
-		t.Errorf("usages %q", csr.Spec.Usages)
-	}
-	block, _ := pem.Decode(csr.Spec.Request)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		t.Fatalf("request %q is not a PEM certificate request", csr.Spec.Request)
-	}
-	cr, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cr.CheckSignature(); err != nil {
-		t.Errorf("request signature: %v", err)
-	}
-	if cr.Subject.CommonName != "system:node:"+node || !slices.Equal(cr.Subject.Organization, []string{"system:nodes"}) {
-		t.Errorf("subject %s", cr.Subject)
-	}
-	if len(cr.DNSNames)+len(cr.IPAddresses)+len(cr.EmailAddresses)+len(cr.URIs) > 0 {
-		t.Errorf("request has subject alternative names: %+v", cr)
-	}
-	if k, ok := cr.PublicKey.(*ecdsa.PublicKey); !ok || k.Curve != elliptic.P256() {
-		t.Errorf("key %T, want ECDSA P-256", cr.PublicKey)
-	}
-}
-
 // bsCheckFiles checks that the certificate and key, and the kubeconfig
 // naming them, are on disk with mode 0600 and hold issued, and that
 // nothing else is in the certificate directory.
@@ -771,7 +736,7 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	done := runUntilDone(t, b.Run)
 
 	csr := c.waitPending(t, name)
-	bsCheckCSR(t, csr, name)
+	checkCSR(t, csr, name, clientCSR, nil, nil)
 	if csr.Spec.Username != bsBootstrapUser || !slices.Contains(csr.Spec.Groups, "system:bootstrappers") {
 		t.Errorf("request made by %s %v, want the bootstrap identity", csr.Spec.Username, csr.Spec.Groups)
 	}
@@ -815,7 +780,7 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	if renewal.Name == csr.Name {
 		t.Fatal("renewal reused the first request")
 	}
-	bsCheckCSR(t, renewal, name)
+	checkCSR(t, renewal, name, clientCSR, nil, nil)
 	if renewal.Spec.Username != "system:node:"+name || !slices.Contains(renewal.Spec.Groups, "system:nodes") {
 		t.Errorf("renewal requested by %s %v, want the node itself", renewal.Spec.Username, renewal.Spec.Groups)
 	}

@@ -1262,73 +1262,13 @@ func ndTestRejected(t *testing.T, c *ndCluster) {
 	}
 }
 
-// ndProxy forwards TCP connections to the API server; closing it is an
-// outage, restarting it on the same address the API server coming back.
-type ndProxy struct {
-	t      *testing.T
-	target string
-	addr   string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  []net.Conn
-}
-
-func (p *ndProxy) start() {
-	p.t.Helper()
-	addr := p.addr
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", p.target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, in, out)
-			p.mu.Unlock()
-			go func() { io.Copy(out, in); out.Close() }()
-			go func() { io.Copy(in, out); in.Close() }()
-		}
-	}()
-}
-
-func (p *ndProxy) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
 // The API server goes away: the link goes down (pods would keep
 // running); it comes back: the link is up again, the status is written
 // although unchanged, then the Lease, then the node is synced.
 func ndTestOutage(t *testing.T, c *ndCluster) {
 	const name = "edge-outage"
 	target := strings.TrimPrefix(c.api.URL, "https://")
-	p := &ndProxy{t: t, target: target}
-	p.start()
-	t.Cleanup(p.stop)
+	p := startProxy(t, target)
 	rc := c.nodeConfig(t, name)
 	rc.Host = "https://" + p.addr
 	s, log := ndSyncer(t, rc, ndFast(name), newNDFacts(), clock.Real{})
@@ -1339,7 +1279,7 @@ func ndTestOutage(t *testing.T, c *ndCluster) {
 		t.Fatalf("node not synced: %v", err)
 	}
 
-	p.stop()
+	p.cut()
 	down := time.Now()
 	apiWait.Until(t, "the link down", func() bool { return !s.Link().Connected })
 	if d := time.Since(down); d > 10*time.Second {
@@ -1361,7 +1301,7 @@ func ndTestOutage(t *testing.T, c *ndCluster) {
 		return len(seen) >= 3
 	})
 	back := time.Now().Truncate(time.Second)
-	p.start()
+	p.resume()
 	if err := s.waitNodeSynced(ctx); err != nil {
 		t.Fatalf("node not synced after the API server came back: %v (link %+v)", err, s.Link())
 	}

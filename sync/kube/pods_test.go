@@ -3,10 +3,8 @@ package kube
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -632,66 +630,6 @@ func TestPodsExpiredVersionRelists(t *testing.T) {
 	apiWait.Until(e.t, "new resume version stored", func() bool { rv := pwResumeVersion(t, st); return rv != "" && rv != "1" })
 }
 
-// pwProxy forwards TCP connections to target until cut, which closes
-// them all and refuses new ones until resume.
-type pwProxy struct {
-	t      *testing.T
-	addr   string
-	target string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  map[net.Conn]struct{}
-}
-
-func pwStartProxy(t *testing.T, target string) *pwProxy {
-	p := &pwProxy{t: t, addr: fmt.Sprintf("127.0.0.1:%d", env.FreePort(t)), target: target, conns: map[net.Conn]struct{}{}}
-	p.resume()
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *pwProxy) resume() {
-	p.t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[u] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close() }()
-			go func() { io.Copy(c, u); c.Close() }()
-		}
-	}()
-}
-
-func (p *pwProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-	}
-}
-
 // A broken link is noted and retried with backoff; when it is back, the
 // watch resumes from where it got, without a list, and shows what
 // changed meanwhile. The store keeps its pods throughout.
@@ -701,7 +639,7 @@ func TestPodsReconnectResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := pwStartProxy(t, u.Host)
+	proxy := startProxy(t, u.Host)
 	st := pwStore(t, "n1")
 	s, rc := e.nodeSyncer("n1", st, pwLog(t, nil), proxy.addr)
 	pwRun(t, s)
