@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -145,16 +147,17 @@ func TestRunServesStatusAndFollowsManifests(t *testing.T) {
 	}
 }
 
+// watchWait looks in wall time for what the agent's goroutines do
+// between the fake clock's steps.
+var watchWait = waittest.Poll{Timeout: 10 * time.Second, Every: time.Millisecond}
+
 // waitWaiters waits until the fake clock has n active timers.
 func (f *fixture) waitWaiters(t *testing.T, n int, what string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for f.clock.Waiters() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fake clock has %d waiters, want %d: %s", f.clock.Waiters(), n, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	watchWait.For(t, fmt.Sprintf("%d waiters on the fake clock: %s", n, what), func() (bool, string) {
+		got := f.clock.Waiters()
+		return got == n, fmt.Sprintf("%d waiters", got)
+	})
 }
 
 // settled lets the settle timer the agent armed after a change in its
@@ -208,24 +211,18 @@ func TestRunWatchIgnoresOtherNames(t *testing.T) {
 	// The watch reads events in order: once it saw the last name, it
 	// saw every one before it.
 	f.write(t, "zz-last.txt", "")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var seen map[string]bool
+	watchWait.For(t, "the manifest watch to see zz-last.txt", func() (bool, string) {
 		mu.Lock()
-		_, done := woke["zz-last.txt"]
-		seen := maps.Clone(woke)
-		mu.Unlock()
-		if done {
-			for _, name := range append(others, "zz-last.txt") {
-				if w, ok := seen[name]; !ok || w {
-					t.Errorf("%s: seen %v, woke the agent %v; want seen, not woken", name, ok, w)
-				}
-			}
-			break
+		defer mu.Unlock()
+		seen = maps.Clone(woke)
+		_, done := seen["zz-last.txt"]
+		return done, fmt.Sprintf("saw %v", seen)
+	})
+	for _, name := range append(others, "zz-last.txt") {
+		if w, ok := seen[name]; !ok || w {
+			t.Errorf("%s: seen %v, woke the agent %v; want seen, not woken", name, ok, w)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the manifest watch did not see zz-last.txt within 10s; saw %v", seen)
-		}
-		time.Sleep(time.Millisecond)
 	}
 	if n := f.clock.Waiters(); n != 1 {
 		t.Fatalf("fake clock has %d waiters after writing other names, want only the resync timer", n)
@@ -274,28 +271,24 @@ func TestRunPollsUntilTheDirectoryExists(t *testing.T) {
 	}
 	// The file's removal may arm a settle timer, or the watch's end be
 	// seen first: either way the pods go.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(f.podImages(t)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("pods of a removed directory kept: %v", f.podImages(t))
-		}
+	settling := waittest.Poll{Timeout: 10 * time.Second, Every: 5 * time.Millisecond, Between: func() {
 		if f.clock.Waiters() == 2 {
 			f.clock.Advance(manifestSettle)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	}}
+	settling.For(t, "the pods of a removed directory gone", func() (bool, string) {
+		got := f.podImages(t)
+		return len(got) == 0, fmt.Sprintf("pods %v", got)
+	})
 	// Polled again, and watched again once it is back.
 	f.waitWaiters(t, 1, "the poll timer")
 	os.Mkdir(f.dir, 0o755)
 	f.write(t, "db.yaml", pod("db", "busybox:3"))
 	f.clock.Advance(time.Second)
-	deadline = time.Now().Add(10 * time.Second)
-	for f.podImages(t)["db-n1"] != "busybox:3" {
-		if time.Now().After(deadline) {
-			t.Fatalf("manifest in the recreated directory not recorded: %v", f.podImages(t))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waittest.Poll{Timeout: 10 * time.Second, Every: 5 * time.Millisecond}.For(t, "the manifest in the recreated directory recorded", func() (bool, string) {
+		got := f.podImages(t)
+		return got["db-n1"] == "busybox:3", fmt.Sprintf("pods %v", got)
+	})
 }
 
 // An edit that keeps a file's size and lands within the same mtime tick

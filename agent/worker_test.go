@@ -24,6 +24,7 @@ import (
 	"github.com/outpost-edge/outpost/agent/runtimetest"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -163,17 +164,17 @@ func (h *harness) put(pods ...*corev1.Pod) {
 	}
 }
 
-// eventually polls cond every few milliseconds for at most 5 s of wall
-// time: only for the worker goroutines to react, never for fake time.
+// eventually waits for cond for at most 5 s of wall time: only for the
+// worker goroutines to react, never for fake time. Its failure shows the
+// containers and the journal as last seen.
 func (h *harness) eventually(what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s\ncontainers:\n%sjournal:\n%s", what, h.rt.Dump(), h.journal())
+	waittest.Poll{Timeout: 5 * time.Second, Every: 2 * time.Millisecond}.For(h.t, what, func() (bool, string) {
+		if cond() {
+			return true, ""
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return false, "\ncontainers:\n" + h.rt.Dump() + "journal:\n" + h.journal()
+	})
 }
 
 // synced waits until cond holds and more than after worker syncs have

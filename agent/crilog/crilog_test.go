@@ -3,6 +3,7 @@ package crilog
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
 func TestWriteAndReadBack(t *testing.T) {
@@ -206,17 +208,12 @@ func TestFollowAcrossRotation(t *testing.T) {
 	for i := range 6 {
 		s.Write([]byte("line-" + string(rune('a'+i)) + strings.Repeat(".", 30) + "\n"))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(out.String(), "line-f") {
-		if time.Now().After(deadline) {
-			t.Fatalf("follow never showed line-f: %q", out.String())
-		}
-		clk.Advance(time.Second)
-		select {
-		case <-out.ch:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	// Each step of the fake clock is a poll of the follower.
+	polls := waittest.Poll{Timeout: 10 * time.Second, Between: func() { clk.Advance(time.Second) }}
+	polls.For(t, "follow to show line-f", func() (bool, string) {
+		got := out.String()
+		return strings.Contains(got, "line-f"), fmt.Sprintf("%q", got)
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -109,19 +109,6 @@ func newHarness(t *testing.T, cfg WorkerConfig, rnd func(int64) int64) *harness 
 	return h
 }
 
-// waitFor spins until cond holds. It does not sleep: the worker needs only
-// to be scheduled. The wall-clock limit only turns a hang into a failure.
-func (h *harness) waitFor(what string, cond func() bool) {
-	h.t.Helper()
-	limit := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(limit) {
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
 // stopped reports whether Run has returned.
 func (h *harness) stopped() bool {
 	select {
@@ -137,7 +124,12 @@ func (h *harness) stopped() bool {
 // has happened by then.
 func (h *harness) settle() {
 	h.t.Helper()
-	h.waitFor("the worker to park", func() bool { return h.clk.Waiters() == 1 || h.stopped() })
+	// Hardly a sleep: the worker needs only to be scheduled. The limit
+	// only turns a hang into a failure.
+	waittest.Poll{Timeout: 10 * time.Second, Every: time.Microsecond}.For(h.t, "the worker to park", func() (bool, string) {
+		n := h.clk.Waiters()
+		return n == 1 || h.stopped(), fmt.Sprintf("%d waiters on the fake clock, Run not returned", n)
+	})
 }
 
 // attempt waits for the worker's next attempt, checks it happens at fake

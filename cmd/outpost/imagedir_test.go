@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
 // fakeImporter records the files it is asked to import; a file whose
@@ -161,26 +162,16 @@ func TestImageDirWatchStopsWithContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.watch(ctx, clk, imagePollInterval); close(done) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for clk.Waiters() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch loop never waited on the clock")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	for {
-		clk.Advance(imagePollInterval)
+	spin := waittest.Poll{Timeout: 5 * time.Second, Every: time.Millisecond}
+	spin.Until(t, "the watch loop waiting on the clock", func() bool { return clk.Waiters() > 0 })
+	polls := spin
+	polls.Between = func() { clk.Advance(imagePollInterval) }
+	clk.Advance(imagePollInterval)
+	polls.Until(t, "x.tar imported by the watch loop", func() bool {
 		imp.mu.Lock()
-		n := len(imp.calls)
-		imp.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("x.tar not imported by the watch loop")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer imp.mu.Unlock()
+		return len(imp.calls) > 0
+	})
 	cancel()
 	select {
 	case <-done:

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/internal/report"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/sync/kube"
 )
 
@@ -79,12 +81,10 @@ func TestKubeletAPITLSBootstrap(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- api.Run(ctx) }()
-			for deadline := time.Now().Add(20 * time.Second); api.certs.State().Phase != report.CertFailing; {
-				if time.Now().After(deadline) {
-					t.Fatalf("no request made: state %+v", api.certs.State())
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waittest.For(t, "a request made", 20*time.Second, func() (bool, string) {
+				st := api.certs.State()
+				return st.Phase == report.CertFailing, fmt.Sprintf("state %+v", st)
+			})
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("run: %v", err)

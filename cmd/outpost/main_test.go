@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/config"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
@@ -96,22 +98,18 @@ func TestAgentAndStatus(t *testing.T) {
 		return s
 	}
 	// Wait (bounded) for the agent to answer with the recorded pod.
-	deadline := time.Now().Add(10 * time.Second)
 	var s agent.Status
-	for {
+	waittest.Poll{Timeout: 10 * time.Second, Every: 20 * time.Millisecond}.For(t, "the agent to report the pod", func() (bool, string) {
 		var out bytes.Buffer
 		err := run(context.Background(), []string{"status", "--config", cfgPath, "-o", "json"}, &out, &out)
 		if err == nil {
 			json.Unmarshal(out.Bytes(), &s)
 			if s.From == "agent" && len(s.Pods) == 1 {
-				break
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent never reported the pod: %v %+v", err, s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("%v %+v", err, s)
+	})
 	if s.Pods[0].Name != "web-test-node" || s.Pods[0].Source != "static" {
 		t.Fatalf("pods = %+v", s.Pods)
 	}

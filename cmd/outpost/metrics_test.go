@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -23,6 +24,7 @@ import (
 	"github.com/outpost-edge/outpost/arm"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/promtext"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
@@ -65,20 +67,16 @@ spec:
 	defer func() { cancel(); <-done }()
 	// Wait until the pod runs and its worker's sync that started it has
 	// returned (the status shows before).
-	deadline := time.Now().Add(10 * time.Second)
-	for running := false; !running; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pod did not run: %v", a.PodViews())
-		}
-		time.Sleep(5 * time.Millisecond)
+	waittest.Poll{Timeout: 10 * time.Second, Every: 5 * time.Millisecond}.For(t, "the pod to run", func() (bool, string) {
 		var b strings.Builder
 		p := promtext.New(&b)
 		a.WriteMetrics(p)
 		p.Flush()
-		running = strings.Contains(b.String(), "\noutpost_pods_by_phase{phase=\"Running\"} 1\n") &&
+		running := strings.Contains(b.String(), "\noutpost_pods_by_phase{phase=\"Running\"} 1\n") &&
 			strings.Contains(b.String(), "\noutpost_containers{state=\"running\"} 1\n") &&
 			!strings.Contains(b.String(), "\noutpost_pod_worker_duration_seconds_count 0\n")
-	}
+		return running, fmt.Sprintf("%v", a.PodViews())
+	})
 
 	client, err := kube.NewClient(&rest.Config{Host: "https://127.0.0.1:1"}, "outpost-test")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
 // rssFile returns this process's file-backed resident memory, in kB.
@@ -72,7 +74,10 @@ func TestRunTrimsWhenQuiet(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	go func() { Run(ctx, changes, clk, 10*time.Second, log); close(done) }()
 	trims := func() int { return strings.Count(out.String(), "trimmed memory") }
-	waitFor(t, func() bool { return clk.Waiters() == 1 })
+	spin.For(t, "Run waiting on the clock", func() (bool, string) {
+		n := clk.Waiters()
+		return n == 1, fmt.Sprintf("%d waiters", n)
+	})
 	clk.Advance(9 * time.Second)
 	// A change before the first trim moves it; the second send returns
 	// once Run is back waiting, its timer reset.
@@ -83,7 +88,7 @@ func TestRunTrimsWhenQuiet(t *testing.T) {
 		t.Fatalf("trimmed %d times while changes came", trims())
 	}
 	clk.Advance(time.Second)
-	waitFor(t, func() bool { return trims() == 1 })
+	spin.For(t, "one trim", func() (bool, string) { return trims() == 1, fmt.Sprintf("log %q", out.String()) })
 	cancel()
 	<-done
 }
@@ -106,16 +111,8 @@ func (w *syncWriter) String() string {
 	return w.b.String()
 }
 
-// waitFor waits up to 5 s for cond.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+// spin looks for what Run does between the fake clock's steps.
+var spin = waittest.Poll{Timeout: 5 * time.Second, Every: time.Millisecond}
 
 // mapping is a read-only shared mapping of a file that unmaps its own
 // pages, as the store does bbolt's.

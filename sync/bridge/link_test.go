@@ -14,23 +14,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
-// waitUntil polls cond in real time, for what goroutines do between the
-// fake clock's steps.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+// settle looks in real time for what goroutines do between the fake
+// clock's steps.
+var settle = waittest.Poll{Timeout: 10 * time.Second, Every: time.Millisecond}
 
 func (b *Bridge) isReady() bool {
 	b.mu.Lock()
@@ -59,9 +51,9 @@ func TestSessionEndsWhenItsConnectionIsLost(t *testing.T) {
 	conn := &recConn{done: make(chan struct{})}
 	ended := make(chan error, 1)
 	go func() { ended <- b.session(context.Background(), conn, mqtt.NewInbox(1<<20)) }()
-	waitUntil(t, "the wait for the indexes", func() bool { return clk.Waiters() > 0 })
+	settle.Until(t, "the wait for the indexes", func() bool { return clk.Waiters() > 0 })
 	clk.Advance(time.Second)
-	waitUntil(t, "the session ready", b.isReady)
+	settle.Until(t, "the session ready", b.isReady)
 	close(conn.done)
 	select {
 	case err := <-ended:
@@ -102,28 +94,25 @@ func TestNodesAreAwayWhileTheBridgeHasNoBroker(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	// advance lets the timers the link waits on (the indexes, the
-	// backoff) fire until cond holds.
-	advance := func(what string, cond func() bool) {
-		t.Helper()
-		waitUntil(t, what, func() bool {
-			if clk.Waiters() > 0 {
-				clk.Advance(100 * time.Millisecond)
-			}
-			return cond()
-		})
+	// backoff) fire until what it waits for holds.
+	advance := settle
+	advance.Between = func() {
+		if clk.Waiters() > 0 {
+			clk.Advance(100 * time.Millisecond)
+		}
 	}
 	conns <- &recConn{done: make(chan struct{})}
 	first := <-dials
-	advance("the first connection ready", b.isReady)
+	advance.Until(t, "the first connection ready", b.isReady)
 	first.handle(mqtt.Message{Topic: mqtt.OnlineTopic("pi-1"), Payload: []byte(mqtt.OnlineTrue)})
-	waitUntil(t, "the node online", n.isOnline)
+	settle.Until(t, "the node online", n.isOnline)
 
 	close(first.conn.done)
-	waitUntil(t, "the node away once the broker connection was lost", func() bool { return !n.isOnline() })
+	settle.Until(t, "the node away once the broker connection was lost", func() bool { return !n.isOnline() })
 
 	conns <- &recConn{done: make(chan struct{})}
 	var second dialed
-	advance("a second connection", func() bool {
+	advance.Until(t, "a second connection", func() bool {
 		select {
 		case second = <-dials:
 			return true
@@ -131,12 +120,12 @@ func TestNodesAreAwayWhileTheBridgeHasNoBroker(t *testing.T) {
 			return false
 		}
 	})
-	advance("the second connection ready", b.isReady)
+	advance.Until(t, "the second connection ready", b.isReady)
 	if n.isOnline() {
 		t.Fatal("the node online again before its online flag was read")
 	}
 	second.handle(mqtt.Message{Topic: mqtt.OnlineTopic("pi-1"), Payload: []byte(mqtt.OnlineTrue)})
-	waitUntil(t, "the node online again", n.isOnline)
+	settle.Until(t, "the node online again", n.isOnline)
 }
 
 // A publisher deletes nothing on the broker before sync/kube listed the
@@ -156,7 +145,7 @@ func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	for range 20 {
-		waitUntil(t, "the publisher waiting or publishing", func() bool { return clk.Waiters() > 0 || conn.published() > 0 })
+		settle.Until(t, "the publisher waiting or publishing", func() bool { return clk.Waiters() > 0 || conn.published() > 0 })
 		if got := conn.take(); len(got) != 0 {
 			t.Fatalf("published %v before the store was listed", topics(got))
 		}
@@ -170,7 +159,7 @@ func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pubs []recPub
-	waitUntil(t, "the index published once the store was listed", func() bool {
+	settle.Until(t, "the index published once the store was listed", func() bool {
 		if clk.Waiters() > 0 {
 			clk.Advance(listedPoll)
 		}
@@ -239,7 +228,7 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 
 	b.gainShard(shard)
 	var n *node
-	waitUntil(t, "the node started with its shard", func() bool {
+	settle.Until(t, "the node started with its shard", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		n = b.nodes[name]
@@ -268,7 +257,7 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 		t.Fatal("a node of a shard given back was started")
 	}
 	b.gainShard(shard)
-	waitUntil(t, "the node started again with its shard", func() bool {
+	settle.Until(t, "the node started again with its shard", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		n = b.nodes[name]

@@ -140,7 +140,7 @@ func TestBootstrapWithoutValidCert(t *testing.T) {
 			if len(csrs) != 1 {
 				t.Fatalf("%d requests created, want 1", len(csrs))
 			}
-			bsCheckCSR(t, csrs[0], "n1")
+			checkCSR(t, csrs[0], "n1", clientCSR, nil, nil)
 			if u := csrs[0].Spec.Username; u != "token:bootstrap-token" {
 				t.Errorf("request made by %q, want the bootstrap token", u)
 			}
@@ -179,12 +179,12 @@ func TestBootstrapRenewsAtDeadline(t *testing.T) {
 		t.Fatalf("certificate %s presented before renewal, want %s", again, first)
 	}
 	clk.Advance(2 * time.Minute)
-	ndWait(t, "renewal", func() bool { return b.State().NotAfter.After(ndEpoch.Add(100 * time.Hour)) })
+	spinWait.Until(t, "renewal", func() bool { return b.State().NotAfter.After(ndEpoch.Add(100 * time.Hour)) })
 	csrs := f.created()
 	if len(csrs) != 1 {
 		t.Fatalf("%d requests, want 1", len(csrs))
 	}
-	bsCheckCSR(t, csrs[0], "n1")
+	checkCSR(t, csrs[0], "n1", clientCSR, nil, nil)
 	if u := csrs[0].Spec.Username; u != "system:node:n1" {
 		t.Errorf("renewal requested by %q, want the node's own certificate", u)
 	}
@@ -229,7 +229,7 @@ func TestBootstrapRenewalOutageFallsBackToBootstrap(t *testing.T) {
 		}
 		clk.Advance(2 * time.Minute)
 	}
-	ndWait(t, "certificate after the outage", func() bool { return b.State().Phase == report.CertValid })
+	spinWait.Until(t, "certificate after the outage", func() bool { return b.State().Phase == report.CertValid })
 	var byNode, byToken int
 	for _, r := range f.requests() {
 		if r.method != http.MethodPost {
@@ -299,7 +299,7 @@ func TestBootstrapDeniedKeepsChecking(t *testing.T) {
 	f.deny = false
 	f.mu.Unlock()
 	clk.Advance(2 * time.Minute)
-	ndWait(t, "certificate", func() bool { return b.State().Phase == report.CertValid })
+	spinWait.Until(t, "certificate", func() bool { return b.State().Phase == report.CertValid })
 	csrs = f.created()
 	if len(csrs) != 2 || csrs[1].Name != name {
 		t.Fatalf("requests %d, want the same one made again", len(csrs))
@@ -348,7 +348,7 @@ func TestBootstrapKubeconfigOnlyWhenNeeded(t *testing.T) {
 		}
 		f.writeBootstrap(t, dir)
 		clk.Advance(2 * time.Minute)
-		ndWait(t, "certificate", func() bool { return b.State().Phase == report.CertValid })
+		spinWait.Until(t, "certificate", func() bool { return b.State().Phase == report.CertValid })
 		if csrs := f.created(); len(csrs) != 1 || csrs[0].Spec.Username != "token:bootstrap-token" {
 			t.Errorf("requests %+v", csrs)
 		}
@@ -615,41 +615,6 @@ func caSign(t testing.TB, ca *env.CA, tmpl *x509.Certificate, pub any) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
-// bsCheckCSR checks a request as the kubelet client signer and the node
-// CSR approver want it.
-func bsCheckCSR(t *testing.T, csr *certsv1.CertificateSigningRequest, node string) {
-	t.Helper()
-	if !strings.HasPrefix(csr.Name, "node-csr-") {
-		t.Errorf("request name %q", csr.Name)
-	}
-	if csr.Spec.SignerName != certsv1.KubeAPIServerClientKubeletSignerName {
-		t.Errorf("signer %q", csr.Spec.SignerName)
-	}
-	if !slices.Equal(csr.Spec.Usages, []certsv1.KeyUsage{certsv1.UsageDigitalSignature, certsv1.UsageClientAuth}) {
-		t.Errorf("usages %q", csr.Spec.Usages)
-	}
-	block, _ := pem.Decode(csr.Spec.Request)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		t.Fatalf("request %q is not a PEM certificate request", csr.Spec.Request)
-	}
-	cr, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cr.CheckSignature(); err != nil {
-		t.Errorf("request signature: %v", err)
-	}
-	if cr.Subject.CommonName != "system:node:"+node || !slices.Equal(cr.Subject.Organization, []string{"system:nodes"}) {
-		t.Errorf("subject %s", cr.Subject)
-	}
-	if len(cr.DNSNames)+len(cr.IPAddresses)+len(cr.EmailAddresses)+len(cr.URIs) > 0 {
-		t.Errorf("request has subject alternative names: %+v", cr)
-	}
-	if k, ok := cr.PublicKey.(*ecdsa.PublicKey); !ok || k.Curve != elliptic.P256() {
-		t.Errorf("key %T, want ECDSA P-256", cr.PublicKey)
-	}
-}
-
 // bsCheckFiles checks that the certificate and key, and the kubeconfig
 // naming them, are on disk with mode 0600 and hold issued, and that
 // nothing else is in the certificate directory.
@@ -717,7 +682,7 @@ func runUntilDone(t *testing.T, run func(context.Context) error) (done func()) {
 // bsAsleep waits until the bootstrapper waits on the clock.
 func bsAsleep(t *testing.T, clk *clocktest.Fake) {
 	t.Helper()
-	ndWait(t, "bootstrapper waiting on the clock", func() bool { return clk.Waiters() > 0 })
+	spinWait.Until(t, "bootstrapper waiting on the clock", func() bool { return clk.Waiters() > 0 })
 }
 
 // ---- against a real API server ----
@@ -771,16 +736,16 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	done := runUntilDone(t, b.Run)
 
 	csr := c.waitPending(t, name)
-	bsCheckCSR(t, csr, name)
+	checkCSR(t, csr, name, clientCSR, nil, nil)
 	if csr.Spec.Username != bsBootstrapUser || !slices.Contains(csr.Spec.Groups, "system:bootstrappers") {
 		t.Errorf("request made by %s %v, want the bootstrap identity", csr.Spec.Username, csr.Spec.Groups)
 	}
-	ndEventually(t, "requesting state", func() bool {
+	apiWait.Until(t, "requesting state", func() bool {
 		st := b.State()
 		return st.Phase == report.CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "waiting for approval")
 	})
 	c.approve(t, csr.Name)
-	ndEventually(t, "approved state", func() bool { return strings.Contains(b.State().Reason, "waiting for the signer") })
+	apiWait.Until(t, "approved state", func() bool { return strings.Contains(b.State().Reason, "waiting for the signer") })
 	// Due for renewal at once: 91 % of its life is over.
 	now := time.Now()
 	first := c.sign(t, csr.Name, now.Add(-10*time.Minute), now.Add(time.Minute))
@@ -815,14 +780,14 @@ func bsTestBootstrapsAndRotates(t *testing.T, c *bsCluster) {
 	if renewal.Name == csr.Name {
 		t.Fatal("renewal reused the first request")
 	}
-	bsCheckCSR(t, renewal, name)
+	checkCSR(t, renewal, name, clientCSR, nil, nil)
 	if renewal.Spec.Username != "system:node:"+name || !slices.Contains(renewal.Spec.Groups, "system:nodes") {
 		t.Errorf("renewal requested by %s %v, want the node itself", renewal.Spec.Username, renewal.Spec.Groups)
 	}
 	c.approve(t, renewal.Name)
 	// The extra group shows which certificate a request presented.
 	second := c.sign(t, renewal.Name, now.Add(-time.Minute), now.Add(time.Hour), "outpost:rotated")
-	ndEventually(t, "renewed certificate in use", func() bool { return b.State().NotAfter.Equal(second.NotAfter) })
+	apiWait.Until(t, "renewed certificate in use", func() bool { return b.State().NotAfter.Equal(second.NotAfter) })
 	if _, groups := c.whoami(t, node); !slices.Contains(groups, "outpost:rotated") {
 		t.Errorf("the client made before the renewal still presents the old certificate: groups %v", groups)
 	}
@@ -880,11 +845,11 @@ func bsTestDenied(t *testing.T, c *bsCluster) {
 	runUntilDone(t, b.Run)
 	csr := c.waitPending(t, name)
 	c.decide(t, csr.Name, certsv1.CertificateDenied, "NotOnOurSite")
-	ndEventually(t, "denied state", func() bool {
+	apiWait.Until(t, "denied state", func() bool {
 		st := b.State()
 		return st.Phase == report.CertDenied && st.CSR == csr.Name && strings.Contains(st.Reason, "NotOnOurSite")
 	})
-	ndEventually(t, "the denied request checked again", func() bool {
+	apiWait.Until(t, "the denied request checked again", func() bool {
 		n := 0
 		for _, e := range c.api.AuditEvents(t) {
 			if e.Verb == "get" && e.ObjectRef.Name == csr.Name && e.User.Username == bsBootstrapUser {
@@ -947,7 +912,7 @@ func (c *bsCluster) list(t *testing.T) []certsv1.CertificateSigningRequest {
 func (c *bsCluster) waitPending(t *testing.T, node string) *certsv1.CertificateSigningRequest {
 	t.Helper()
 	var found *certsv1.CertificateSigningRequest
-	ndEventually(t, "a request for "+node, func() bool {
+	apiWait.Until(t, "a request for "+node, func() bool {
 		for _, csr := range c.list(t) {
 			if len(csr.Status.Conditions) > 0 {
 				continue

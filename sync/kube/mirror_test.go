@@ -327,7 +327,7 @@ func TestMirrorAgainstAPIServer(t *testing.T) {
 	static.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/etcd"}}}}
 	e.desire(store.SourceStatic, static)
 
-	sinkEventually(t, "mirror pod created", func() bool { return e.get("etcd-n1") != nil })
+	reactWait.Until(t, "mirror pod created", func() bool { return e.get("etcd-n1") != nil })
 	m := e.get("etcd-n1")
 	if m.Annotations[annotationMirror] != string(hash) || m.Labels["app"] != "etcd-n1" || m.Spec.NodeName != "n1" {
 		t.Errorf("mirror pod %+v on %q", m.ObjectMeta, m.Spec.NodeName)
@@ -338,7 +338,7 @@ func TestMirrorAgainstAPIServer(t *testing.T) {
 
 	// Its status goes onto the mirror pod.
 	e.journal(static, runningWithIP("10.88.0.20"))
-	sinkEventually(t, "mirror pod status", func() bool { return e.get("etcd-n1").Status.PodIP == "10.88.0.20" && e.backlog() == 0 })
+	reactWait.Until(t, "mirror pod status", func() bool { return e.get("etcd-n1").Status.PodIP == "10.88.0.20" && e.backlog() == 0 })
 	if reqs := e.rt.requests("PATCH /api/v1/namespaces/default/pods/etcd-n1/status"); len(reqs) != 1 {
 		t.Errorf("status requests %q, want one", reqs)
 	}
@@ -346,7 +346,7 @@ func TestMirrorAgainstAPIServer(t *testing.T) {
 	// The manifest is edited: the mirror pod is replaced.
 	edited := staticSinkPod("etcd-n1", "fedcba9876543210fedcba9876543210")
 	e.desire(store.SourceStatic, edited)
-	sinkEventually(t, "mirror pod replaced", func() bool {
+	reactWait.Until(t, "mirror pod replaced", func() bool {
 		p := e.get("etcd-n1")
 		return p != nil && p.UID != m.UID && p.Annotations[annotationMirror] == string(edited.UID)
 	})
@@ -359,7 +359,7 @@ func TestMirrorAgainstAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.journal(edited, runningWithIP("10.88.0.21"))
-	sinkEventually(t, "mirror pod made again with the status", func() bool {
+	reactWait.Until(t, "mirror pod made again with the status", func() bool {
 		p := e.get("etcd-n1")
 		return p != nil && p.UID != cur.UID && p.Status.PodIP == "10.88.0.21" && e.backlog() == 0
 	})
@@ -368,7 +368,7 @@ func TestMirrorAgainstAPIServer(t *testing.T) {
 	secretive := staticSinkPod("creds-n1", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
 	secretive.Spec.Volumes = []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s"}}}}
 	e.desire(store.SourceStatic, secretive)
-	sinkEventually(t, "reported", func() bool { return len(e.s.MirrorErrors()) == 1 })
+	reactWait.Until(t, "reported", func() bool { return len(e.s.MirrorErrors()) == 1 })
 	if e.get("creds-n1") != nil {
 		t.Error("mirror pod of a pod referencing a secret")
 	}
@@ -381,7 +381,7 @@ func TestMirrorAgainstAPIServer(t *testing.T) {
 	if _, err := e.st.Pods().Delete("default", "etcd-n1"); err != nil {
 		t.Fatal(err)
 	}
-	sinkEventually(t, "mirror pod deleted", func() bool { return e.get("etcd-n1") == nil })
+	reactWait.Until(t, "mirror pod deleted", func() bool { return e.get("etcd-n1") == nil })
 }
 
 // TestMirrorOrphanDeletedAgainstAPIServer: a mirror pod on this node whose

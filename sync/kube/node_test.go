@@ -640,20 +640,6 @@ func ndRun(t *testing.T, loop func(context.Context)) (stop func()) {
 	return stop
 }
 
-// ndWait spins until cond holds: the code under test runs on a fake clock
-// and a loopback server, so it gets there without time passing.
-func ndWait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	// Generous: under qemu-user on a loaded machine a step takes seconds.
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func ndFakeAPI(t *testing.T, name string) (*ndAPI, *rest.Config) {
 	f := &ndAPI{t: t, name: name}
 	srv := httptest.NewServer(f)
@@ -670,7 +656,7 @@ func TestNodeLoopSendsStatusOnChangeOrPeriod(t *testing.T) {
 	s, _ := ndSyncer(t, rc, Config{NodeName: "n1", Labels: map[string]string{"site": "lab"}}, facts, clk)
 	ndRun(t, s.runNode)
 
-	ndWait(t, "the link up", func() bool { return s.Link().Connected })
+	spinWait.Until(t, "the link up", func() bool { return s.Link().Connected })
 	want := []string{
 		"GET /api/v1/nodes/n1 404", "POST /api/v1/nodes 201",
 		"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 404",
@@ -700,7 +686,7 @@ func TestNodeLoopSendsStatusOnChangeOrPeriod(t *testing.T) {
 		t.Errorf("lease spec %+v", lease.Spec)
 	}
 
-	ndWait(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
+	spinWait.Until(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
 	if _, tk := clk.made(); tk[0] != 10*time.Second {
 		t.Fatalf("renewal every %s, want 10s", tk[0])
 	}
@@ -709,7 +695,7 @@ func TestNodeLoopSendsStatusOnChangeOrPeriod(t *testing.T) {
 		t.Helper()
 		clk.Advance(10 * time.Second)
 		renewals++
-		ndWait(t, fmt.Sprintf("renewal %d", renewals), func() bool {
+		spinWait.Until(t, fmt.Sprintf("renewal %d", renewals), func() bool {
 			return api.count("PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200") == renewals
 		})
 	}
@@ -771,7 +757,7 @@ func TestNodeLoopBackoff(t *testing.T) {
 
 	nextTimer := func(k int) time.Duration {
 		t.Helper()
-		ndWait(t, fmt.Sprintf("retry timer %d", k+1), func() bool { tm, _ := clk.made(); return len(tm) == k+1 })
+		spinWait.Until(t, fmt.Sprintf("retry timer %d", k+1), func() bool { tm, _ := clk.made(); return len(tm) == k+1 })
 		tm, _ := clk.made()
 		return tm[k]
 	}
@@ -807,13 +793,13 @@ func TestNodeLoopBackoff(t *testing.T) {
 	api.setFail(0)
 	tm, _ := clk.made()
 	clk.Advance(tm[8])
-	ndWait(t, "the link up", func() bool { return s.Link().Connected })
+	spinWait.Until(t, "the link up", func() bool { return s.Link().Connected })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.waitNodeSynced(ctx); err != nil {
 		t.Fatalf("node not synced after the link came up: %v", err)
 	}
-	ndWait(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
+	spinWait.Until(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
 
 	// A failed renewal takes the link down, and the backoff starts again
 	// from 1 s.
@@ -821,7 +807,7 @@ func TestNodeLoopBackoff(t *testing.T) {
 	clk.Advance(10 * time.Second)
 	d := nextTimer(9)
 	checkBackoff(9, d, time.Second)
-	ndWait(t, "the link down", func() bool { return !s.Link().Connected })
+	spinWait.Until(t, "the link down", func() bool { return !s.Link().Connected })
 	if len(log.matching("api server unreachable")) != 1 {
 		t.Errorf("the link going down was not logged once: %q", log.matching("api server"))
 	}
@@ -835,7 +821,7 @@ func TestNodeLoopBackoff(t *testing.T) {
 	from := len(api.log(0))
 	api.setFail(0)
 	clk.Advance(d)
-	ndWait(t, "the link up again", func() bool { return s.Link().Connected })
+	spinWait.Until(t, "the link up again", func() bool { return s.Link().Connected })
 	if err := s.waitNodeSynced(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -854,7 +840,7 @@ func TestLeaseConflictRereads(t *testing.T) {
 	clk := &ndClock{Fake: clocktest.New(ndEpoch)}
 	s, _ := ndSyncer(t, rc, Config{NodeName: "n1", RenewInterval: 7 * time.Second, LeaseDuration: 25 * time.Second}, newNDFacts(), clk)
 	ndRun(t, s.runNode)
-	ndWait(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
+	spinWait.Until(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
 
 	api.mu.Lock()
 	api.lease.ResourceVersion = "999" // written by someone else
@@ -863,7 +849,7 @@ func TestLeaseConflictRereads(t *testing.T) {
 	from := len(api.log(0))
 	clk.Advance(7 * time.Second)
 	leasePath := "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"
-	ndWait(t, "the renewal", func() bool { return api.count("PUT "+leasePath+" 200") == 1 })
+	spinWait.Until(t, "the renewal", func() bool { return api.count("PUT "+leasePath+" 200") == 1 })
 	want := []string{"PUT " + leasePath + " 409", "GET " + leasePath + " 200", "PUT " + leasePath + " 200"}
 	if got := api.log(from); !slices.Equal(got, want) {
 		t.Errorf("requests\n got %q\nwant %q", got, want)
@@ -889,7 +875,7 @@ func TestLeaseGoneRegistersNodeAgain(t *testing.T) {
 	clk := &ndClock{Fake: clocktest.New(ndEpoch)}
 	s, _ := ndSyncer(t, rc, Config{NodeName: "n1"}, newNDFacts(), clk)
 	ndRun(t, s.runNode)
-	ndWait(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
+	spinWait.Until(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
 	oldUID := s.nodeUID()
 
 	api.mu.Lock()
@@ -898,7 +884,7 @@ func TestLeaseGoneRegistersNodeAgain(t *testing.T) {
 	from := len(api.log(0))
 	clk.Advance(10 * time.Second)
 	leases := "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
-	ndWait(t, "the Lease created again", func() bool { return api.count("POST "+leases+" 201") == 2 })
+	spinWait.Until(t, "the Lease created again", func() bool { return api.count("POST "+leases+" 201") == 2 })
 	want := []string{
 		"PUT " + leases + "/n1 409", "GET " + leases + "/n1 404", "GET /api/v1/nodes/n1 404", "POST /api/v1/nodes 201",
 		"GET " + leases + "/n1 404", "POST " + leases + " 201",
@@ -912,7 +898,7 @@ func TestLeaseGoneRegistersNodeAgain(t *testing.T) {
 	if node.UID == oldUID || s.nodeUID() != node.UID || lease.OwnerReferences[0].UID != node.UID {
 		t.Errorf("node UID %s (was %s, syncer has %s), lease owner %s", node.UID, oldUID, s.nodeUID(), lease.OwnerReferences[0].UID)
 	}
-	ndWait(t, "the link up", func() bool { return s.Link().Connected })
+	spinWait.Until(t, "the link up", func() bool { return s.Link().Connected })
 }
 
 // With nothing listening at the API server's address, the node loop
@@ -942,7 +928,7 @@ func TestNodeOfflineUnreachable(t *testing.T) {
 		s, log := ndSyncer(t, rc, Config{NodeName: "n1"}, newNDFacts(), clk)
 		stop := ndRun(t, s.runNode)
 		for k := range 5 {
-			ndWait(t, fmt.Sprintf("retry timer %d", k+1), func() bool { tm, _ := clk.made(); return len(tm) == k+1 })
+			spinWait.Until(t, fmt.Sprintf("retry timer %d", k+1), func() bool { tm, _ := clk.made(); return len(tm) == k+1 })
 			if n := tries.Load(); n != int32(k+1) {
 				t.Fatalf("%d connects, want %d", n, k+1)
 			}
@@ -964,7 +950,7 @@ func TestNodeOfflineUnreachable(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- s.Run(ctx) }()
-		ndWait(t, "a connect", func() bool { return tries.Load() >= 1 && s.Link().LastError != "" })
+		spinWait.Until(t, "a connect", func() bool { return tries.Load() >= 1 && s.Link().LastError != "" })
 		select {
 		case err := <-done:
 			t.Fatalf("Run returned %v while its context lasts", err)
@@ -1017,18 +1003,6 @@ func (c *ndCluster) nodeConfig(t *testing.T, name string) *rest.Config {
 		t.Fatal(err)
 	}
 	return rc
-}
-
-// ndEventually polls cond every 50 ms for up to 30 s.
-func ndEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // ndFast are short intervals for a real clock.
@@ -1134,7 +1108,7 @@ func ndTestRegisters(t *testing.T, c *ndCluster) {
 	}
 	first := l.Spec.RenewTime.Time
 	var renewals []time.Time
-	ndEventually(t, "two more renewals", func() bool {
+	apiWait.Until(t, "two more renewals", func() bool {
 		l, err := c.lease(name)
 		if err == nil && (len(renewals) == 0 || l.Spec.RenewTime.After(renewals[len(renewals)-1])) && l.Spec.RenewTime.After(first) {
 			renewals = append(renewals, l.Spec.RenewTime.Time)
@@ -1152,7 +1126,7 @@ func ndTestRegisters(t *testing.T, c *ndCluster) {
 		ndSetCondition(&f.Status, corev1.NodeMemoryPressure, corev1.ConditionTrue, "KubeletHasInsufficientMemory")
 	})
 	changed := time.Now().Truncate(time.Second)
-	ndEventually(t, "MemoryPressure True on the Node", func() bool {
+	apiWait.Until(t, "MemoryPressure True on the Node", func() bool {
 		return ndCondition(c.node(t, name).Status, corev1.NodeMemoryPressure).Status == corev1.ConditionTrue
 	})
 	n2 := c.node(t, name)
@@ -1235,11 +1209,11 @@ func ndTestReregisters(t *testing.T, c *ndCluster) {
 		t.Fatal(err)
 	}
 	var n corev1.Node
-	ndEventually(t, "the Node registered again", func() bool {
+	apiWait.Until(t, "the Node registered again", func() bool {
 		err := c.admin.Core.Get().Resource("nodes").Name(name).Do(bg).Into(&n)
 		return err == nil && n.UID != oldUID
 	})
-	ndEventually(t, "the Lease owned by the new Node", func() bool {
+	apiWait.Until(t, "the Lease owned by the new Node", func() bool {
 		l, err := c.lease(name)
 		return err == nil && len(l.OwnerReferences) == 1 && l.OwnerReferences[0].UID == n.UID
 	})
@@ -1270,7 +1244,7 @@ func ndTestRejected(t *testing.T, c *ndCluster) {
 	ndRun(t, s.runNode)
 
 	var seen []time.Time
-	ndEventually(t, "three failed connects", func() bool {
+	apiWait.Until(t, "three failed connects", func() bool {
 		if at := s.Link().LastErrorAt; !at.IsZero() && (len(seen) == 0 || at.After(seen[len(seen)-1])) {
 			seen = append(seen, at)
 		}
@@ -1288,73 +1262,13 @@ func ndTestRejected(t *testing.T, c *ndCluster) {
 	}
 }
 
-// ndProxy forwards TCP connections to the API server; closing it is an
-// outage, restarting it on the same address the API server coming back.
-type ndProxy struct {
-	t      *testing.T
-	target string
-	addr   string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  []net.Conn
-}
-
-func (p *ndProxy) start() {
-	p.t.Helper()
-	addr := p.addr
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", p.target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, in, out)
-			p.mu.Unlock()
-			go func() { io.Copy(out, in); out.Close() }()
-			go func() { io.Copy(in, out); in.Close() }()
-		}
-	}()
-}
-
-func (p *ndProxy) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
 // The API server goes away: the link goes down (pods would keep
 // running); it comes back: the link is up again, the status is written
 // although unchanged, then the Lease, then the node is synced.
 func ndTestOutage(t *testing.T, c *ndCluster) {
 	const name = "edge-outage"
 	target := strings.TrimPrefix(c.api.URL, "https://")
-	p := &ndProxy{t: t, target: target}
-	p.start()
-	t.Cleanup(p.stop)
+	p := startProxy(t, target)
 	rc := c.nodeConfig(t, name)
 	rc.Host = "https://" + p.addr
 	s, log := ndSyncer(t, rc, ndFast(name), newNDFacts(), clock.Real{})
@@ -1365,9 +1279,9 @@ func ndTestOutage(t *testing.T, c *ndCluster) {
 		t.Fatalf("node not synced: %v", err)
 	}
 
-	p.stop()
+	p.cut()
 	down := time.Now()
-	ndEventually(t, "the link down", func() bool { return !s.Link().Connected })
+	apiWait.Until(t, "the link down", func() bool { return !s.Link().Connected })
 	if d := time.Since(down); d > 10*time.Second {
 		t.Errorf("link down noticed after %s", d)
 	}
@@ -1380,14 +1294,14 @@ func ndTestOutage(t *testing.T, c *ndCluster) {
 
 	// Outlast two retries, then come back.
 	var seen []time.Time
-	ndEventually(t, "two failed reconnects", func() bool {
+	apiWait.Until(t, "two failed reconnects", func() bool {
 		if at := s.Link().LastErrorAt; len(seen) == 0 || at.After(seen[len(seen)-1]) {
 			seen = append(seen, at)
 		}
 		return len(seen) >= 3
 	})
 	back := time.Now().Truncate(time.Second)
-	p.start()
+	p.resume()
 	if err := s.waitNodeSynced(ctx); err != nil {
 		t.Fatalf("node not synced after the API server came back: %v (link %+v)", err, s.Link())
 	}
@@ -1421,13 +1335,13 @@ func TestAbsentNodeLeaseNotRenewed(t *testing.T) {
 	clk := &ndClock{Fake: clocktest.New(ndEpoch)}
 	s, _ := ndSyncer(t, rc, Config{NodeName: "n1"}, newNDFacts(), clk)
 	ndRun(t, s.runNode)
-	ndWait(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
+	spinWait.Until(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
 	put := "PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200"
 	clk.Advance(10 * time.Second)
-	ndWait(t, "a renewal", func() bool { return api.count(put) == 1 })
+	spinWait.Until(t, "a renewal", func() bool { return api.count(put) == 1 })
 
 	s.SetPresent(false)
-	ndWait(t, "the link down", func() bool { return !s.Link().Connected })
+	spinWait.Until(t, "the link down", func() bool { return !s.Link().Connected })
 	for range 6 {
 		clk.Advance(10 * time.Second)
 	}
@@ -1442,8 +1356,8 @@ func TestAbsentNodeLeaseNotRenewed(t *testing.T) {
 	}
 
 	s.SetPresent(true)
-	ndWait(t, "the link up again", func() bool { return s.Link().Connected })
-	ndWait(t, "the Lease renewed on return", func() bool { return api.count(put) == 2 })
+	spinWait.Until(t, "the link up again", func() bool { return s.Link().Connected })
+	spinWait.Until(t, "the Lease renewed on return", func() bool { return api.count(put) == 2 })
 	if timers, _ := clk.made(); len(timers) != 0 {
 		t.Errorf("backoff timers %v on the way back, want none", timers)
 	}

@@ -3,10 +3,8 @@ package kube
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -307,24 +305,11 @@ func pwStartAPI(t *testing.T) *pwEnv {
 	// The ServiceAccount admission plugin wants the namespace's default
 	// service account, and there is no controller to create it.
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
-	e.eventually("default service account", func() bool {
+	apiWait.Until(e.t, "default service account", func() bool {
 		err := c.Core.Post().Namespace("default").Resource("serviceaccounts").Body(sa).Do(context.Background()).Error()
 		return err == nil || apierrors.IsAlreadyExists(err)
 	})
 	return e
-}
-
-func (e *pwEnv) eventually(what string, cond func() bool) {
-	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func (e *pwEnv) do(what string, req *rest.Request, into runtime.Object) {
@@ -487,7 +472,7 @@ func TestPodsWatchIntoStore(t *testing.T) {
 	})
 	e.createPod("clash", "n1")
 	a := e.createPod("a", "n1")
-	e.eventually("pod a stored", func() bool { _, ok := pwStored(t, st, "a"); return ok })
+	apiWait.Until(e.t, "pod a stored", func() bool { _, ok := pwStored(t, st, "a"); return ok })
 	got, _ := pwStored(t, st, "a")
 	if got.Source != store.SourceAPI || got.Object.UID != a.UID || got.Object.ResourceVersion != "" ||
 		got.Object.ManagedFields != nil || got.Object.Labels["app"] != "a" || !reflect.DeepEqual(got.Object.Status, corev1.PodStatus{}) {
@@ -507,7 +492,7 @@ func TestPodsWatchIntoStore(t *testing.T) {
 
 	// A status-only change (our own patches look like this) is seen and
 	// writes nothing: same stored bytes, file untouched.
-	e.eventually("resume version of pod a persisted", func() bool { return pwResumeVersion(t, st) == a.ResourceVersion })
+	apiWait.Until(e.t, "resume version of pod a persisted", func() bool { return pwResumeVersion(t, st) == a.ResourceVersion })
 	before, _ := pwStored(t, st, "a")
 	fi0, err := os.Stat(st.Path())
 	if err != nil {
@@ -516,7 +501,7 @@ func TestPodsWatchIntoStore(t *testing.T) {
 	patched := &corev1.Pod{}
 	e.do("patch status of a", e.admin.Patch(types.MergePatchType).Namespace("default").Resource("pods").Name("a").SubResource("status").
 		Body([]byte(`{"status":{"phase":"Running","podIP":"10.1.2.3","conditions":[{"type":"Ready","status":"True"}]}}`)), patched)
-	e.eventually("status echo seen", func() bool {
+	apiWait.Until(e.t, "status echo seen", func() bool {
 		return rec.find(map[string]string{"msg": "pod event", "pod": "default/a", "resourceVersion": patched.ResourceVersion, "changed": "false"})
 	})
 	after, _ := pwStored(t, st, "a")
@@ -535,15 +520,15 @@ func TestPodsWatchIntoStore(t *testing.T) {
 	// to stop; final delete: gone. The static pod stays through the API
 	// pod's delete.
 	e.deletePod("a", 30)
-	e.eventually("deletionTimestamp stored", func() bool {
+	apiWait.Until(e.t, "deletionTimestamp stored", func() bool {
 		r, ok := pwStored(t, st, "a")
 		return ok && r.Object.DeletionTimestamp != nil && r.Object.DeletionGracePeriodSeconds != nil && *r.Object.DeletionGracePeriodSeconds == 30
 	})
 	e.deletePod("a", 0)
 	e.deletePod("clash", 0)
-	e.eventually("pod a removed", func() bool { _, ok := pwStored(t, st, "a"); return !ok })
+	apiWait.Until(e.t, "pod a removed", func() bool { _, ok := pwStored(t, st, "a"); return !ok })
 	b := e.createPod("b", "n1")
-	e.eventually("pod b stored", func() bool { _, ok := pwStored(t, st, "b"); return ok })
+	apiWait.Until(e.t, "pod b stored", func() bool { _, ok := pwStored(t, st, "b"); return ok })
 	if r, ok := pwStored(t, st, "clash"); !ok || r.Source != store.SourceStatic || r.Object.UID != "static-uid" {
 		t.Fatalf("static pod touched by the API pod's delete: %+v %v", r, ok)
 	}
@@ -567,7 +552,7 @@ func TestPodsResumeWithoutRelist(t *testing.T) {
 	s1, rc1 := e.nodeSyncer("n1", st, pwLog(t, nil))
 	stop := pwRun(t, s1)
 	e.createPod("old", "n1")
-	e.eventually("pod old stored", func() bool { _, ok := pwStored(t, st, "old"); return ok })
+	apiWait.Until(e.t, "pod old stored", func() bool { _, ok := pwStored(t, st, "old"); return ok })
 	stop()
 	if rc1.lists() != 1 {
 		t.Fatalf("first syncer: %d lists, want 1", rc1.lists())
@@ -582,7 +567,7 @@ func TestPodsResumeWithoutRelist(t *testing.T) {
 
 	s2, rc2 := e.nodeSyncer("n1", st, pwLog(t, nil))
 	pwRun(t, s2)
-	e.eventually("pod new stored and old removed", func() bool {
+	apiWait.Until(e.t, "pod new stored and old removed", func() bool {
 		_, okNew := pwStored(t, st, "new")
 		_, okOld := pwStored(t, st, "old")
 		return okNew && !okOld
@@ -625,7 +610,7 @@ func TestPodsExpiredVersionRelists(t *testing.T) {
 	rec := &pwRecorder{}
 	s, rc := e.nodeSyncer("n1", st, pwLog(t, rec))
 	pwRun(t, s)
-	e.eventually("ghost removed and real stored", func() bool {
+	apiWait.Until(e.t, "ghost removed and real stored", func() bool {
 		_, okGhost := pwStored(t, st, "ghost")
 		_, okReal := pwStored(t, st, "real")
 		return okReal && !okGhost
@@ -642,67 +627,7 @@ func TestPodsExpiredVersionRelists(t *testing.T) {
 	if r, ok := pwStored(t, st, "clash"); !ok || r.Source != store.SourceStatic || r.Object.UID != "static-uid" {
 		t.Fatalf("static pod touched by the relist: %+v %v", r, ok)
 	}
-	e.eventually("new resume version stored", func() bool { rv := pwResumeVersion(t, st); return rv != "" && rv != "1" })
-}
-
-// pwProxy forwards TCP connections to target until cut, which closes
-// them all and refuses new ones until resume.
-type pwProxy struct {
-	t      *testing.T
-	addr   string
-	target string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  map[net.Conn]struct{}
-}
-
-func pwStartProxy(t *testing.T, target string) *pwProxy {
-	p := &pwProxy{t: t, addr: fmt.Sprintf("127.0.0.1:%d", env.FreePort(t)), target: target, conns: map[net.Conn]struct{}{}}
-	p.resume()
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *pwProxy) resume() {
-	p.t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[u] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close() }()
-			go func() { io.Copy(c, u); c.Close() }()
-		}
-	}()
-}
-
-func (p *pwProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-	}
+	apiWait.Until(e.t, "new resume version stored", func() bool { rv := pwResumeVersion(t, st); return rv != "" && rv != "1" })
 }
 
 // A broken link is noted and retried with backoff; when it is back, the
@@ -714,22 +639,22 @@ func TestPodsReconnectResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := pwStartProxy(t, u.Host)
+	proxy := startProxy(t, u.Host)
 	st := pwStore(t, "n1")
 	s, rc := e.nodeSyncer("n1", st, pwLog(t, nil), proxy.addr)
 	pwRun(t, s)
 	before := e.createPod("before", "n1")
-	e.eventually("pod before stored", func() bool { _, ok := pwStored(t, st, "before"); return ok })
+	apiWait.Until(e.t, "pod before stored", func() bool { _, ok := pwStored(t, st, "before"); return ok })
 
 	proxy.cut()
 	e.createPod("during", "n1")
-	e.eventually("a refused reconnect noted", func() bool { return strings.Contains(s.Link().LastError, "connection refused") })
+	apiWait.Until(e.t, "a refused reconnect noted", func() bool { return strings.Contains(s.Link().LastError, "connection refused") })
 	if _, ok := pwStored(t, st, "before"); !ok {
 		t.Fatal("pod lost from the store while the server is unreachable")
 	}
 	watchesBefore := len(rc.watches())
 	proxy.resume()
-	e.eventually("pod during stored", func() bool { _, ok := pwStored(t, st, "during"); return ok })
+	apiWait.Until(e.t, "pod during stored", func() bool { _, ok := pwStored(t, st, "during"); return ok })
 	if n := rc.lists(); n != 1 {
 		t.Fatalf("%d pod lists, want 1 (resumed, not relisted)", n)
 	}

@@ -53,9 +53,9 @@ func TestPodsFeed(t *testing.T) {
 	e.createPod("a2", "n1")
 	e.createPod("b2", "n2")
 	e.createPod("c2", "n3")
-	e.eventually("a2 and b2 in their nodes' stores", func() bool { return has(st1, "a2") && has(st2, "b2") })
+	apiWait.Until(e.t, "a2 and b2 in their nodes' stores", func() bool { return has(st1, "a2") && has(st2, "b2") })
 	e.deletePod("a1", 0)
-	e.eventually("a1 gone from n1's store", func() bool { return !has(st1, "a1") })
+	apiWait.Until(e.t, "a1 gone from n1's store", func() bool { return !has(st1, "a1") })
 	if has(st1, "b2") || has(st2, "a2") || has(st1, "c2") || has(st2, "c2") {
 		t.Fatal("a pod went to another node's store")
 	}
@@ -63,7 +63,7 @@ func TestPodsFeed(t *testing.T) {
 	f.Remove("n2")
 	e.createPod("b3", "n2")
 	e.createPod("a3", "n1")
-	e.eventually("a3 in n1's store", func() bool { return has(st1, "a3") })
+	apiWait.Until(e.t, "a3 in n1's store", func() bool { return has(st1, "a3") })
 	if has(st2, "b3") {
 		t.Fatal("a node removed from the feed got a pod")
 	}

@@ -221,14 +221,14 @@ func TestRefsFollowPods(t *testing.T) {
 			LocalObjectReference: corev1.LocalObjectReference{Name: "other-sec"}}}}
 	})
 
-	e.eventually("cm and sec stored", func() bool {
+	apiWait.Until(e.t, "cm and sec stored", func() bool {
 		v, ok := storedCM(t, st, "cm")
 		p, okSec := storedSecret(t, st, "sec")
 		return ok && v == "v1" && okSec && p == "s1"
 	})
 	e.update("configmaps", "cm", pwConfigMap("cm", "v2"))
 	e.update("secrets", "sec", &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sec"}, Data: map[string][]byte{"p": []byte("s2")}})
-	e.eventually("cm and sec updated", func() bool {
+	apiWait.Until(e.t, "cm and sec updated", func() bool {
 		v, _ := storedCM(t, st, "cm")
 		p, _ := storedSecret(t, st, "sec")
 		return v == "v2" && p == "s2"
@@ -238,9 +238,9 @@ func TestRefsFollowPods(t *testing.T) {
 		t.Fatal("config map late stored before it exists")
 	}
 	e.create("configmaps", pwConfigMap("late", "l1"))
-	e.eventually("late stored", func() bool { v, ok := storedCM(t, st, "late"); return ok && v == "l1" })
+	apiWait.Until(e.t, "late stored", func() bool { v, ok := storedCM(t, st, "late"); return ok && v == "l1" })
 	e.remove("configmaps", "late")
-	e.eventually("late removed", func() bool { _, ok := storedCM(t, st, "late"); return !ok })
+	apiWait.Until(e.t, "late removed", func() bool { _, ok := storedCM(t, st, "late"); return !ok })
 
 	for _, name := range []string{"unref"} {
 		if _, ok := storedCM(t, st, name); ok {
@@ -252,7 +252,7 @@ func TestRefsFollowPods(t *testing.T) {
 	}
 
 	e.deletePod("user", 0)
-	e.eventually("cm and sec removed with the pod", func() bool {
+	apiWait.Until(e.t, "cm and sec removed with the pod", func() bool {
 		_, okCM := storedCM(t, st, "cm")
 		_, okSec := storedSecret(t, st, "sec")
 		return !okCM && !okSec

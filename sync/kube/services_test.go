@@ -185,7 +185,7 @@ func TestServicesWatchesStartedByRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	want := []string{"/api/v1/services?labelSelector=", "/apis/discovery.k8s.io/v1/endpointslices?labelSelector=kubernetes.io/service-name"}
-	svWait(t, "both watches' lists", func() (bool, string) {
+	apiWait.For(t, "both watches' lists", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Contains(reqs, want[0]) && slices.Contains(reqs, want[1]), fmt.Sprintf("requests %q, want both of %q", reqs, want)
@@ -294,30 +294,6 @@ func svRun(t *testing.T, s *Syncer) (stop func()) {
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(stop)
 	return stop
-}
-
-// svWait polls cond until it holds; after 30 s it fails with what and
-// cond's last explanation.
-func svWait(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %s", what, why)
-		}
-		<-tick.C
-	}
-}
-
-func (e *svEnv) waitFor(what string, cond func() (bool, string)) {
-	e.t.Helper()
-	svWait(e.t, what, cond)
 }
 
 func (e *svEnv) createNamespace(ns string) {
@@ -486,7 +462,7 @@ func TestServicesAPIServer(t *testing.T) {
 		t.Fatalf("node lists endpoint slices without a binding: %v, want 403 Forbidden (if this changed, revisit packaging/rbac.yaml and docs/api.md)", err)
 	}
 	e.api.Kubectl(t, "apply", "-f", "../../packaging/rbac.yaml")
-	e.waitFor("the binding in effect", func() (bool, string) {
+	apiWait.For(e.t, "the binding in effect", func() (bool, string) {
 		err := node.Discovery.Get().Resource("endpointslices").Do(context.Background()).Error()
 		return err == nil, fmt.Sprint(err)
 	})
@@ -541,12 +517,12 @@ func svTestWatchIntoStore(t *testing.T, e *svEnv) {
 		t.Fatalf("API objects lack what the test checks: %+v\n%+v", web.Spec, lb.Status)
 	}
 	for _, api := range []*corev1.Service{web, lb} {
-		e.waitFor("service "+api.Name+" stored", func() (bool, string) {
+		apiWait.For(e.t, "service "+api.Name+" stored", func() (bool, string) {
 			r, ok := svStoredService(t, st, ns, api.Name)
 			return svStoredAs(r, ok, api)
 		})
 	}
-	e.waitFor("slice stored", func() (bool, string) {
+	apiWait.For(e.t, "slice stored", func() (bool, string) {
 		r, ok := svStoredSlice(t, st, ns, "web-abc")
 		return svStoredAs(r, ok, slice)
 	})
@@ -565,7 +541,7 @@ func svTestWatchIntoStore(t *testing.T, e *svEnv) {
 		len(ep) != 2 || *ep[0].NodeName != "n1" || ep[0].TargetRef.Name != "web-1" || !*ep[0].Conditions.Ready || len(gotSlice.Object.Ports) != 1 {
 		t.Fatalf("stored slice = %+v", gotSlice.Object)
 	}
-	e.waitFor("the name clash logged", func() (bool, string) {
+	apiWait.For(e.t, "the name clash logged", func() (bool, string) {
 		return rec.find(map[string]string{"msg": "api service not stored: a service of another source has its name", "service": ns + "/clash"}), "no log"
 	})
 	if r, _ := svStoredService(t, st, ns, "clash"); r.Source != store.SourceStatic || r.Object.UID != "static-uid" {
@@ -581,7 +557,7 @@ func svTestWatchIntoStore(t *testing.T, e *svEnv) {
 	if applied.ResourceVersion == web.ResourceVersion || len(applied.ManagedFields) <= len(web.ManagedFields) {
 		t.Fatalf("apply changed no managedFields (rv %s -> %s): the test would prove nothing", web.ResourceVersion, applied.ResourceVersion)
 	}
-	e.waitFor("managedFields change seen", func() (bool, string) {
+	apiWait.For(e.t, "managedFields change seen", func() (bool, string) {
 		return rec.find(map[string]string{"msg": "service event", "service": ns + "/web", "resourceVersion": applied.ResourceVersion, "changed": "false"}), "no log"
 	})
 	after, _ := svStoredService(t, st, ns, "web")
@@ -594,7 +570,7 @@ func svTestWatchIntoStore(t *testing.T, e *svEnv) {
 	upd := slice.DeepCopy()
 	upd.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: &f, Serving: &tr, Terminating: &tr}
 	upd = e.updateSlice(upd)
-	e.waitFor("slice update stored", func() (bool, string) {
+	apiWait.For(e.t, "slice update stored", func() (bool, string) {
 		r, ok := svStoredSlice(t, st, ns, "web-abc")
 		return svStoredAs(r, ok, upd)
 	})
@@ -605,14 +581,14 @@ func svTestWatchIntoStore(t *testing.T, e *svEnv) {
 	e.deleteSlice(ns, "web-abc")
 	e.deleteService(ns, "web")
 	e.deleteService(ns, "clash")
-	e.waitFor("web and its slice removed", func() (bool, string) {
+	apiWait.For(e.t, "web and its slice removed", func() (bool, string) {
 		_, okSvc := svStoredService(t, st, ns, "web")
 		_, okSlice := svStoredSlice(t, st, ns, "web-abc")
 		return !okSvc && !okSlice, fmt.Sprintf("service stored %v, slice stored %v", okSvc, okSlice)
 	})
 	// A later object is seen, so the events before it were.
 	e.createService(ns, "last")
-	e.waitFor("service last stored", func() (bool, string) { _, ok := svStoredService(t, st, ns, "last"); return ok, "not stored" })
+	apiWait.For(e.t, "service last stored", func() (bool, string) { _, ok := svStoredService(t, st, ns, "last"); return ok, "not stored" })
 	if r, ok := svStoredService(t, st, ns, "clash"); !ok || r.Source != store.SourceStatic || r.Object.UID != "static-uid" {
 		t.Fatalf("static service touched by the API service's delete: %+v %v", r, ok)
 	}
@@ -642,7 +618,7 @@ func svTestResume(t *testing.T, e *svEnv) {
 	e.createSlice(svSlice(ns, "old-1", "old"))
 	e.createService(ns, "keep")
 	keep := e.createSlice(svSlice(ns, "keep-1", "keep"))
-	e.waitFor("first objects stored", func() (bool, string) {
+	apiWait.For(e.t, "first objects stored", func() (bool, string) {
 		_, a := svStoredService(t, st, ns, "old")
 		_, b := svStoredSlice(t, st, ns, "old-1")
 		r, _ := svStoredSlice(t, st, ns, "keep-1")
@@ -670,7 +646,7 @@ func svTestResume(t *testing.T, e *svEnv) {
 
 	s2, rc2 := e.syncer(st, pwLog(t, nil))
 	svRun(t, s2)
-	e.waitFor("store converged", func() (bool, string) {
+	apiWait.For(e.t, "store converged", func() (bool, string) {
 		_, newSvc := svStoredService(t, st, ns, "new")
 		_, newSlice := svStoredSlice(t, st, ns, "new-1")
 		_, oldSvc := svStoredService(t, st, ns, "old")
@@ -710,7 +686,7 @@ func svTestExpired(t *testing.T, e *svEnv) {
 	e.createService(ns, "stays")
 	e.createSlice(svSlice(ns, "stays-1", "stays"))
 	e.createService(ns, "clash")
-	e.waitFor("first objects stored", func() (bool, string) {
+	apiWait.For(e.t, "first objects stored", func() (bool, string) {
 		_, a := svStoredService(t, st, ns, "gone")
 		_, b := svStoredSlice(t, st, ns, "gone-1")
 		_, c := svStoredService(t, st, ns, "stays")
@@ -728,7 +704,7 @@ func svTestExpired(t *testing.T, e *svEnv) {
 	rec := &pwRecorder{}
 	s2, rc := e.syncer(st, pwLog(t, rec))
 	svRun(t, s2)
-	e.waitFor("deleted objects removed", func() (bool, string) {
+	apiWait.For(e.t, "deleted objects removed", func() (bool, string) {
 		_, a := svStoredService(t, st, ns, "gone")
 		_, b := svStoredSlice(t, st, ns, "gone-1")
 		return !a && !b, fmt.Sprintf("service stored %v, slice stored %v", a, b)
@@ -753,7 +729,7 @@ func svTestExpired(t *testing.T, e *svEnv) {
 	if r, ok := svStoredService(t, st, ns, "clash"); !ok || r.Source != store.SourceStatic || r.Object.UID != "static-uid" {
 		t.Errorf("static service touched by the relist: %+v %v", r, ok)
 	}
-	e.waitFor("new resume versions stored", func() (bool, string) {
+	apiWait.For(e.t, "new resume versions stored", func() (bool, string) {
 		a, b := svResumeVersion(t, st, servicesResource), svResumeVersion(t, st, endpointSlicesResource)
 		return a != rvSvc && b != rvEPS, a + " " + b
 	})

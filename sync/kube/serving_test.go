@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	certsv1 "k8s.io/api/certificates/v1"
-
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
 	"github.com/outpost-edge/outpost/internal/report"
@@ -60,12 +58,12 @@ func TestServingCertsRequestsAndStores(t *testing.T) {
 		t.Errorf("state before Run %+v", st)
 	}
 	runUntilDone(t, s.Run)
-	ndWait(t, "serving certificate", func() bool { return s.Current() != nil })
+	spinWait.Until(t, "serving certificate", func() bool { return s.Current() != nil })
 	csrs := f.created()
 	if len(csrs) != 1 {
 		t.Fatalf("%d requests created, want 1", len(csrs))
 	}
-	scCheckCSR(t, csrs[0], "n1", scWantNames, scWantIPs)
+	checkCSR(t, csrs[0], "n1", servingCSR, scWantNames, scWantIPs)
 	if u := csrs[0].Spec.Username; u != "system:node:n1" {
 		t.Errorf("request made by %q, want the node itself", u)
 	}
@@ -139,7 +137,7 @@ func TestServingCertsLoadedAtStart(t *testing.T) {
 			}
 			done := runUntilDone(t, s.Run)
 			if tt.wantCSRs > 0 {
-				ndWait(t, "new certificate", func() bool { return s.Current() != nil })
+				spinWait.Until(t, "new certificate", func() bool { return s.Current() != nil })
 			}
 			bsAsleep(t, clk)
 			csrs := f.created()
@@ -148,7 +146,7 @@ func TestServingCertsLoadedAtStart(t *testing.T) {
 			}
 			scCheckLeaf(t, s.Current().Leaf, scWantNames, scWantIPs)
 			if tt.wantCSRs > 0 {
-				scCheckCSR(t, csrs[0], "n1", scWantNames, scWantIPs)
+				checkCSR(t, csrs[0], "n1", servingCSR, scWantNames, scWantIPs)
 				scCheckFiles(t, dir, f.issued(csrs[0].Name))
 			}
 			done()
@@ -175,7 +173,7 @@ func TestServingCertsRenewsAtDeadline(t *testing.T) {
 		t.Fatal("the kept certificate is not served before the deadline")
 	}
 	clk.Advance(2 * time.Minute)
-	ndWait(t, "renewal", func() bool { return !s.Current().Leaf.Equal(old) })
+	spinWait.Until(t, "renewal", func() bool { return !s.Current().Leaf.Equal(old) })
 	csrs := f.created()
 	if len(csrs) != 1 {
 		t.Fatalf("%d requests, want 1", len(csrs))
@@ -199,7 +197,7 @@ func TestServingCertsExpiresWhileDenied(t *testing.T) {
 	f.writeServing(t, dir, "system:node:n1", scWantNames, scWantIPs, ndEpoch.Add(-90*time.Hour), ndEpoch.Add(10*time.Hour))
 	s, log := f.servingCerts(t, dir, scConfig(dir), clk)
 	runUntilDone(t, s.Run)
-	ndWait(t, "denied", func() bool { return s.State().Phase == report.CertDenied })
+	spinWait.Until(t, "denied", func() bool { return s.State().Phase == report.CertDenied })
 	if st := s.State(); !st.Usable || s.Current() == nil || !strings.Contains(st.Reason, "NotThisOne") {
 		t.Errorf("denied renewal with a valid certificate: state %+v", st)
 	}
@@ -330,64 +328,18 @@ func scSign(t testing.TB, ca *env.CA, cr *x509.CertificateRequest, nb, na time.T
 	}, cr.PublicKey)
 }
 
-// scCheckCSR checks a request as the kubelet serving signer wants it
-// (pkg/apis/certificates.ValidateKubeletServingCSR), for names and ips.
-func scCheckCSR(t *testing.T, csr *certsv1.CertificateSigningRequest, node string, names, ips []string) {
-	t.Helper()
-	if !strings.HasPrefix(csr.Name, "node-csr-") {
-		t.Errorf("request name %q", csr.Name)
-	}
-	if csr.Spec.SignerName != certsv1.KubeletServingSignerName {
-		t.Errorf("signer %q", csr.Spec.SignerName)
-	}
-	if !slices.Equal(csr.Spec.Usages, []certsv1.KeyUsage{certsv1.UsageDigitalSignature, certsv1.UsageServerAuth}) {
-		t.Errorf("usages %q", csr.Spec.Usages)
-	}
-	block, _ := pem.Decode(csr.Spec.Request)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		t.Fatalf("request %q is not a PEM certificate request", csr.Spec.Request)
-	}
-	cr, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cr.CheckSignature(); err != nil {
-		t.Errorf("request signature: %v", err)
-	}
-	if cr.Subject.CommonName != "system:node:"+node || !slices.Equal(cr.Subject.Organization, []string{"system:nodes"}) {
-		t.Errorf("subject %s", cr.Subject)
-	}
-	if got := scIPs(cr.IPAddresses); !slices.Equal(cr.DNSNames, names) || !slices.Equal(got, ips) {
-		t.Errorf("request for %q %q, want %q %q", cr.DNSNames, got, names, ips)
-	}
-	if len(cr.EmailAddresses)+len(cr.URIs) > 0 {
-		t.Errorf("request has e-mail or URI names: %+v", cr)
-	}
-	if k, ok := cr.PublicKey.(*ecdsa.PublicKey); !ok || k.Curve != elliptic.P256() {
-		t.Errorf("key %T, want ECDSA P-256", cr.PublicKey)
-	}
-}
-
 // scCheckLeaf checks that a served certificate is a serving certificate
 // for names and ips.
 func scCheckLeaf(t *testing.T, leaf *x509.Certificate, names, ips []string) {
 	t.Helper()
 	got := slices.Clone(leaf.DNSNames)
 	slices.Sort(got)
-	if gotIPs := scIPs(leaf.IPAddresses); !slices.Equal(got, names) || !slices.Equal(gotIPs, ips) {
+	if gotIPs := ipStrings(leaf.IPAddresses); !slices.Equal(got, names) || !slices.Equal(gotIPs, ips) {
 		t.Errorf("certificate for %q %q, want %q %q", got, gotIPs, names, ips)
 	}
 	if !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageServerAuth) || leaf.KeyUsage&x509.KeyUsageDigitalSignature == 0 {
 		t.Errorf("certificate usages %v %v, want server auth and digital signature", leaf.ExtKeyUsage, leaf.KeyUsage)
 	}
-}
-
-func scIPs(ips []net.IP) []string {
-	var out []string
-	for _, ip := range ips {
-		out = append(out, ip.String())
-	}
-	return out
 }
 
 // scCheckFiles checks that dir/pki holds issued and its key, mode 0600,
@@ -456,11 +408,11 @@ func TestServingCertsAPIServer(t *testing.T) {
 	done := runUntilDone(t, s.Run)
 
 	csr := c.waitPending(t, name)
-	scCheckCSR(t, csr, name, wantNames, wantIPs)
+	checkCSR(t, csr, name, servingCSR, wantNames, wantIPs)
 	if csr.Spec.Username != "system:node:"+name || !slices.Contains(csr.Spec.Groups, "system:nodes") {
 		t.Errorf("request made by %s %v, want the node itself", csr.Spec.Username, csr.Spec.Groups)
 	}
-	ndEventually(t, "waiting for approval", func() bool {
+	apiWait.Until(t, "waiting for approval", func() bool {
 		st := s.State()
 		return st.Phase == report.CertRequesting && st.CSR == csr.Name && strings.Contains(st.Reason, "kubectl certificate approve "+csr.Name)
 	})
@@ -470,7 +422,7 @@ func TestServingCertsAPIServer(t *testing.T) {
 	c.approve(t, csr.Name)
 	now := time.Now()
 	issued := c.signServing(t, csr.Name, now.Add(-time.Minute), now.Add(time.Hour))
-	ndEventually(t, "serving certificate", func() bool { return s.Current() != nil })
+	apiWait.Until(t, "serving certificate", func() bool { return s.Current() != nil })
 	leaf := s.Current().Leaf
 	if !leaf.Equal(issued) {
 		t.Errorf("serving %s, want the issued %s", leaf.SerialNumber, issued.SerialNumber)
@@ -517,11 +469,11 @@ func TestServingCertsAPIServer(t *testing.T) {
 	if renewal.Name == csr.Name {
 		t.Fatal("the request for the new address has the old one's name")
 	}
-	scCheckCSR(t, renewal, name, wantNames, wantIPs)
+	checkCSR(t, renewal, name, servingCSR, wantNames, wantIPs)
 	c.approve(t, renewal.Name)
 	now = time.Now()
 	second := c.signServing(t, renewal.Name, now.Add(-time.Minute), now.Add(time.Hour))
-	ndEventually(t, "certificate for the new address", func() bool { return m.Current() != nil })
+	apiWait.Until(t, "certificate for the new address", func() bool { return m.Current() != nil })
 	if !m.Current().Leaf.Equal(second) {
 		t.Error("the certificate for the new address is not served")
 	}

@@ -480,14 +480,14 @@ func TestStatusLoopWaitsForNodeThenBacksOff(t *testing.T) {
 
 	u.s.setConnected(true)
 	u.s.setNodeSynced()
-	sinkEventually(t, "the failed patch noted", func() bool { return strings.Contains(u.s.Link().LastError, "connection refused") })
+	reactWait.Until(t, "the failed patch noted", func() bool { return strings.Contains(u.s.Link().LastError, "connection refused") })
 	// Backing off: the recheck timer and the backoff's.
-	sinkEventually(t, "backoff armed", func() bool { return u.clk.Waiters() >= 2 })
+	reactWait.Until(t, "backoff armed", func() bool { return u.clk.Waiters() >= 2 })
 	if u.backlog() != 1 {
 		t.Fatal("status acknowledged after a failed patch")
 	}
 	u.clk.Advance(newReconnectBackoff().Max)
-	sinkEventually(t, "status sent on retry", func() bool { return u.backlog() == 0 })
+	reactWait.Until(t, "status sent on retry", func() bool { return u.backlog() == 0 })
 	u.wantCalls("list", "patch default/web uid=u1 phase=Running", "patch default/web uid=u1 phase=Running")
 	u.api.mu.Lock()
 	defer u.api.mu.Unlock()
@@ -531,19 +531,6 @@ func TestStatusEventsBufferedAndSent(t *testing.T) {
 	}
 	u.mustPass()
 	u.wantCalls("event Killing", "event Killing")
-}
-
-// sinkEventually polls cond for at most 10 s of wall time: only for a
-// goroutine under test to react, never for fake time.
-func sinkEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // sinkTransport counts the requests that reach the API server, and can
@@ -739,7 +726,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		p := e.createPod("web", "n1")
 		e.desire(store.SourceAPI, p)
 		e.journal(p, runningWithIP("10.88.0.5"))
-		sinkEventually(t, "status on the server", func() bool {
+		reactWait.Until(t, "status on the server", func() bool {
 			return e.get("web").Status.PodIP == "10.88.0.5" && e.backlog() == 0
 		})
 		got := e.get("web").Status
@@ -752,7 +739,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 
 		// A newer status without an IP clears the server's (explicit nulls).
 		e.journal(p, corev1.PodStatus{Phase: corev1.PodPending})
-		sinkEventually(t, "cleared status on the server", func() bool { return e.backlog() == 0 && e.get("web").Status.Phase == corev1.PodPending })
+		reactWait.Until(t, "cleared status on the server", func() bool { return e.backlog() == 0 && e.get("web").Status.Phase == corev1.PodPending })
 		if got := e.get("web").Status; got.PodIP != "" || len(got.PodIPs) != 0 || got.StartTime != nil || len(got.ContainerStatuses) != 0 || got.HostIP != "" {
 			t.Errorf("stale status fields kept: %+v", got)
 		}
@@ -762,7 +749,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		p := e.createPod("evicted", "n1")
 		e.desire(store.SourceAPI, p)
 		e.journal(p, runningWithIP("10.88.0.10"))
-		sinkEventually(t, "status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.PodIP == "10.88.0.10" })
+		reactWait.Until(t, "status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.PodIP == "10.88.0.10" })
 		// The control plane marks the pod for eviction (as the taint
 		// manager does), then the node reports a newer status.
 		dt := []byte(`{"status":{"conditions":[{"type":"DisruptionTarget","status":"True","reason":"DeletionByTaintManager"}]}}`)
@@ -770,12 +757,12 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.journal(p, runningWithIP("10.88.0.11"))
-		sinkEventually(t, "second status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.PodIP == "10.88.0.11" })
+		reactWait.Until(t, "second status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.PodIP == "10.88.0.11" })
 		if got := e.get("evicted").Status; len(got.ContainerStatuses) != 1 || got.ContainerStatuses[0].Name != "app" || len(got.PodIPs) != 1 {
 			t.Errorf("after a second full status: containerStatuses %s, podIPs %v; want exactly the status's", asJSONForTest(got.ContainerStatuses), got.PodIPs)
 		}
 		e.journal(p, corev1.PodStatus{Phase: corev1.PodPending})
-		sinkEventually(t, "newer status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.Phase == corev1.PodPending })
+		reactWait.Until(t, "newer status on the server", func() bool { return e.backlog() == 0 && e.get("evicted").Status.Phase == corev1.PodPending })
 		var have []corev1.PodConditionType
 		for _, c := range e.get("evicted").Status.Conditions {
 			have = append(have, c.Type)
@@ -795,9 +782,9 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		notReady.Conditions[0].Status = corev1.ConditionFalse
 		notReady.Conditions[0].Reason, notReady.Conditions[0].Message = "ContainersNotReady", "containers with unready status: [app]"
 		e.journal(p, notReady)
-		sinkEventually(t, "not ready on the server", func() bool { return e.backlog() == 0 && e.get("ready-later").Status.PodIP == "10.88.0.20" })
+		reactWait.Until(t, "not ready on the server", func() bool { return e.backlog() == 0 && e.get("ready-later").Status.PodIP == "10.88.0.20" })
 		e.journal(p, runningWithIP("10.88.0.21"))
-		sinkEventually(t, "ready on the server", func() bool { return e.backlog() == 0 && e.get("ready-later").Status.PodIP == "10.88.0.21" })
+		reactWait.Until(t, "ready on the server", func() bool { return e.backlog() == 0 && e.get("ready-later").Status.PodIP == "10.88.0.21" })
 		for _, c := range e.get("ready-later").Status.Conditions {
 			if c.Type == corev1.PodReady && (c.Status != corev1.ConditionTrue || c.Reason != "" || c.Message != "") {
 				t.Errorf("Ready on the server = %+v, want True with no reason or message", c)
@@ -811,11 +798,11 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		e.rt.setDown(true)
 		e.journal(p, corev1.PodStatus{Phase: corev1.PodPending})
 		// The first try fails; the sink backs off.
-		sinkEventually(t, "a failed try", func() bool { return strings.Contains(e.s.Link().LastError, "refused") })
+		reactWait.Until(t, "a failed try", func() bool { return strings.Contains(e.s.Link().LastError, "refused") })
 		e.journal(p, runningWithIP("10.88.0.6"))
 		e.journal(p, runningWithIP("10.88.0.7"))
 		e.rt.setDown(false)
-		sinkEventually(t, "newest status on the server", func() bool { return e.get("coalesce").Status.PodIP == "10.88.0.7" && e.backlog() == 0 })
+		reactWait.Until(t, "newest status on the server", func() bool { return e.get("coalesce").Status.PodIP == "10.88.0.7" && e.backlog() == 0 })
 		if reqs := e.rt.requests("PATCH /api/v1/namespaces/default/pods/coalesce/status"); len(reqs) != 1 {
 			t.Errorf("status requests %q, want exactly one after the outage", reqs)
 		}
@@ -827,7 +814,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		old.UID = "00000000-0000-0000-0000-000000000001" // the pod the node knew, since replaced
 		e.desire(store.SourceAPI, old)
 		e.journal(old, runningWithIP("10.88.0.8"))
-		sinkEventually(t, "status dropped", func() bool { return e.backlog() == 0 })
+		reactWait.Until(t, "status dropped", func() bool { return e.backlog() == 0 })
 		reqs := e.rt.requests("PATCH /api/v1/namespaces/default/pods/replaced/status")
 		// The uid in a patch is no registry precondition: the server
 		// refuses the changed uid in validation, 422 Invalid on
@@ -844,7 +831,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		p := sinkPod("never", "00000000-0000-0000-0000-000000000002")
 		e.desire(store.SourceAPI, p)
 		e.journal(p, runningWithIP("10.88.0.9"))
-		sinkEventually(t, "status dropped", func() bool { return e.backlog() == 0 })
+		reactWait.Until(t, "status dropped", func() bool { return e.backlog() == 0 })
 		if reqs := e.rt.requests("PATCH /api/v1/namespaces/default/pods/never/status"); len(reqs) != 1 || !strings.HasSuffix(reqs[0], " 404") {
 			t.Errorf("status requests %q, want one PATCH answered 404", reqs)
 		}
@@ -854,7 +841,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		p := e.createPod("elsewhere", "n2")
 		e.desire(store.SourceAPI, p)
 		e.journal(p, runningWithIP("10.88.0.10"))
-		sinkEventually(t, "status dropped", func() bool { return e.backlog() == 0 })
+		reactWait.Until(t, "status dropped", func() bool { return e.backlog() == 0 })
 		if reqs := e.rt.requests("PATCH /api/v1/namespaces/default/pods/elsewhere/status"); len(reqs) != 1 || !strings.HasSuffix(reqs[0], " 403") {
 			t.Errorf("status requests %q, want one PATCH answered 403", reqs)
 		}
@@ -865,7 +852,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 		e.desire(store.SourceAPI, p)
 		e.s.Event(p, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container app", sinkEpoch)
 		var evs corev1.EventList
-		sinkEventually(t, "event listed", func() bool {
+		reactWait.Until(t, "event listed", func() bool {
 			if err := e.admin.Core.Get().Namespace("default").Resource("events").Do(t.Context()).Into(&evs); err != nil {
 				t.Fatal(err)
 			}
@@ -891,7 +878,7 @@ func TestStatusAgainstAPIServer(t *testing.T) {
 			Name: "app", Image: "busybox:1", ContainerID: "containerd://c2",
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "Error", FinishedAt: metav1.Time{Time: sinkEpoch}}},
 		}}})
-		sinkEventually(t, "pod deleted", func() bool { return e.get("bye") == nil && e.backlog() == 0 })
+		reactWait.Until(t, "pod deleted", func() bool { return e.get("bye") == nil && e.backlog() == 0 })
 		reqs := append(e.rt.requests("PATCH /api/v1/namespaces/default/pods/bye"), e.rt.requests("DELETE /api/v1/namespaces/default/pods/bye")...)
 		if len(reqs) != 2 || !strings.HasSuffix(reqs[0], " 200") || !strings.HasSuffix(reqs[1], " 200") {
 			t.Errorf("requests %q, want the status PATCH then the DELETE", reqs)

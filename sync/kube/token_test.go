@@ -100,7 +100,7 @@ func TestTokenAgainstAPIServer(t *testing.T) {
 		}
 		out := &corev1.Pod{}
 		var err error
-		ndEventually(t, "pod "+name+" created", func() bool {
+		apiWait.Until(t, "pod "+name+" created", func() bool {
 			err = admin.Core.Post().Namespace("default").Resource("pods").Body(p).Do(ctx).Into(out)
 			return err == nil
 		})
@@ -134,7 +134,7 @@ func TestTokenAgainstAPIServer(t *testing.T) {
 	var token string
 	var expires time.Time
 	before := time.Now()
-	ndEventually(t, "token for robot bound to p1", func() bool {
+	apiWait.Until(t, "token for robot bound to p1", func() bool {
 		token, expires, err = s.Token(ctx, "default", "robot", nil, 3607, "p1", mine.UID)
 		return err == nil
 	})

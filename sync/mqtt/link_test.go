@@ -33,12 +33,12 @@ func TestReconnectAfterALongOutageIsWithinThreeKeepalives(t *testing.T) {
 	const keepAlive = 5 * time.Second
 	h := newHarnessKeepAlive(t, keepAlive)
 	h.start()
-	h.eventually("connected", func() bool { return h.s.Link().Connected })
+	h.wait.Until(h.t, "connected", func() bool { return h.s.Link().Connected })
 	h.b.mu.Lock()
 	h.b.refuse = true
 	h.b.mu.Unlock()
 	h.b.kill(testNode)
-	h.eventually("link down", func() bool { return !h.s.Link().Connected })
+	h.wait.Until(h.t, "link down", func() bool { return !h.s.Link().Connected })
 	// Ten minutes without a broker, in steps the reconnect loop follows.
 	for range 600 {
 		time.Sleep(time.Millisecond)
@@ -48,7 +48,7 @@ func TestReconnectAfterALongOutageIsWithinThreeKeepalives(t *testing.T) {
 	h.b.refuse = false
 	h.b.mu.Unlock()
 	back := h.clk.Now()
-	h.eventually("connected again", func() bool { return h.s.Link().Connected })
+	h.wait.Until(h.t, "connected again", func() bool { return h.s.Link().Connected })
 	if d := h.clk.Since(back); d > 3*keepAlive {
 		t.Errorf("connected %v after the broker came back, want within three keepalives (%v)", d, 3*keepAlive)
 	}
@@ -112,12 +112,12 @@ func TestNodeStatusPublishedAgainToABrokerThatLostTheSession(t *testing.T) {
 	h := newHarness(t)
 	h.start()
 	topic := NodeStatusTopic(testNode)
-	h.eventually("the first node status", func() bool { return len(h.b.published(topic)) == 1 })
+	h.wait.Until(h.t, "the first node status", func() bool { return len(h.b.published(topic)) == 1 })
 
 	dials := h.s.Counts().Connects
 	h.b.kill(testNode)
-	h.eventually("reconnected with the session", func() bool { return h.s.Counts().Connects > dials && h.s.Link().Connected })
-	h.eventually("journal empty", func() bool { n, _ := h.st.Backlog(); return n == 0 })
+	h.wait.Until(h.t, "reconnected with the session", func() bool { return h.s.Counts().Connects > dials && h.s.Link().Connected })
+	h.wait.Until(h.t, "journal empty", func() bool { n, _ := h.st.Backlog(); return n == 0 })
 	if n := len(h.b.published(topic)); n != 1 {
 		t.Fatalf("%d node statuses after a reconnect to a broker that kept the session, want 1", n)
 	}
@@ -132,7 +132,7 @@ func TestNodeStatusPublishedAgainToABrokerThatLostTheSession(t *testing.T) {
 	delete(h.b.sessions, testNode)
 	h.b.refuse = false
 	h.b.mu.Unlock()
-	h.eventually("the node status retained again", func() bool { return h.b.retainedAt(topic) != nil })
+	h.wait.Until(h.t, "the node status retained again", func() bool { return h.b.retainedAt(topic) != nil })
 	if h.s.Counts().Connects <= dials {
 		t.Errorf("no new connection")
 	}

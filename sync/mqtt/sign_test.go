@@ -151,35 +151,35 @@ func TestSignedDesiredState(t *testing.T) {
 
 	// Unsigned, or signed by another key: refused.
 	h.bridgePod(testPod("web", "u1"), 5)
-	h.eventually("the unsigned pod refused", func() bool { return rejects(rejectSig) == 1 })
+	h.wait.Until(h.t, "the unsigned pod refused", func() bool { return rejects(rejectSig) == 1 })
 	h.b.publish("bridge", podTopic, true, testSigner(t).Seal(podTopic, Envelope{Kind: "Pod", Generation: 6, Encoding: EncodingProtobuf}))
-	h.eventually("the pod signed by another key refused", func() bool { return rejects(rejectSig) == 2 })
+	h.wait.Until(h.t, "the pod signed by another key refused", func() bool { return rejects(rejectSig) == 2 })
 	// Signed for another node, published on this node's topic.
 	other := signer.Seal(DesiredTopic("pi-2", KindPods, "default", "web"), Envelope{Kind: "Pod", Generation: 7, Encoding: EncodingProtobuf})
 	h.b.publish("bridge", podTopic, true, other)
-	h.eventually("the pod signed for pi-2 refused", func() bool { return rejects(rejectSig) == 3 })
+	h.wait.Until(h.t, "the pod signed for pi-2 refused", func() bool { return rejects(rejectSig) == 3 })
 	if _, ok := h.storedPod("web"); ok {
 		t.Fatal("a pod without a valid signature was stored")
 	}
 
 	v10 := signedPod(10, "busybox:10")
 	h.b.publish("bridge", podTopic, true, v10)
-	h.eventually("the signed pod stored", func() bool { return h.podGen("web") == 10 })
+	h.wait.Until(h.t, "the signed pod stored", func() bool { return h.podGen("web") == 10 })
 	index(20, map[string]uint64{"pods/default/web": 10})
-	h.eventually("the index read", func() bool { return h.s.Counts().Indexes == 1 })
+	h.wait.Until(h.t, "the index read", func() bool { return h.s.Counts().Indexes == 1 })
 
 	// An empty payload deletes nothing; a signed tombstone does.
 	h.b.publish("bridge", podTopic, true, nil)
 	h.b.publish("bridge", podTopic, false, signer.Seal(podTopic, Envelope{Kind: "Pod", Generation: 25, Encoding: EncodingTombstone}))
-	h.eventually("the pod deleted by the tombstone", func() bool { _, ok := h.storedPod("web"); return !ok })
+	h.wait.Until(h.t, "the pod deleted by the tombstone", func() bool { _, ok := h.storedPod("web"); return !ok })
 
 	// Published again later, the old signed pod changes nothing, nor
 	// does a replayed older index.
 	stale := h.s.Counts().Stale
 	h.b.publish("bridge", podTopic, true, v10)
-	h.eventually("the replay ignored", func() bool { return h.s.Counts().Stale == stale+1 })
+	h.wait.Until(h.t, "the replay ignored", func() bool { return h.s.Counts().Stale == stale+1 })
 	index(15, map[string]uint64{"pods/default/web": 10})
-	h.eventually("the old index ignored", func() bool { return h.s.Counts().Stale == stale+2 })
+	h.wait.Until(h.t, "the old index ignored", func() bool { return h.s.Counts().Stale == stale+2 })
 	if _, ok := h.storedPod("web"); ok {
 		t.Fatal("a replayed signed pod came back after its delete")
 	}
@@ -188,12 +188,12 @@ func TestSignedDesiredState(t *testing.T) {
 	h.stop()
 	h.s = h.withKeys(h.st, signer.Public())
 	h.start()
-	h.eventually("connected again", func() bool { return h.s.Link().Connected })
+	h.wait.Until(h.t, "connected again", func() bool { return h.s.Link().Connected })
 	h.b.publish("bridge", podTopic, true, v10)
 	// The retained old index and the retained and republished v10 come
 	// in an order the scheduler picks: wait for two of them ignored, or
 	// the pod stored (a failure).
-	h.eventually("the replay after a restart ignored", func() bool {
+	h.wait.Until(h.t, "the replay after a restart ignored", func() bool {
 		_, stored := h.storedPod("web")
 		return h.s.Counts().Stale >= 2 || stored
 	})
@@ -204,17 +204,17 @@ func TestSignedDesiredState(t *testing.T) {
 	// A newer pod is taken; one the index lists at a generation below
 	// the last index's is fetched and taken too.
 	h.b.publish("bridge", podTopic, true, signedPod(30, "busybox:30"))
-	h.eventually("the newer pod stored", func() bool { return h.podGen("web") == 30 })
+	h.wait.Until(h.t, "the newer pod stored", func() bool { return h.podGen("web") == 30 })
 	dbTopic := DesiredTopic(testNode, KindPods, "default", "db")
 	db := testPod("db", "u2")
 	body, _ := db.Marshal()
 	dbPayload := signer.Seal(dbTopic, Envelope{Kind: "Pod", Generation: 35, Encoding: EncodingProtobuf, Body: body})
 	index(40, map[string]uint64{"pods/default/web": 30, "pods/default/db": 35})
-	h.eventually("db fetched", func() bool { return h.s.Counts().Fetches == 1 })
+	h.wait.Until(h.t, "db fetched", func() bool { return h.s.Counts().Fetches == 1 })
 	h.b.publish("bridge", dbTopic, true, dbPayload)
-	h.eventually("db stored at the generation the index lists", func() bool { return h.podGen("db") == 35 })
+	h.wait.Until(h.t, "db stored at the generation the index lists", func() bool { return h.podGen("db") == 35 })
 	h.b.publish("bridge", dbTopic, true, dbPayload)
-	h.eventually("db sent again ignored", func() bool { return h.s.Counts().Stale >= 2 })
+	h.wait.Until(h.t, "db sent again ignored", func() bool { return h.s.Counts().Stale >= 2 })
 
 	// A node that trusts no key takes the signed envelopes as they are.
 	if _, err := applyDesired(h.st, testNode, Topic{Node: testNode, Scope: ScopeNode, Kind: KindPods, Namespace: "default", Name: "web"},

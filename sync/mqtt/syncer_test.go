@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/store"
 )
 
@@ -29,6 +30,11 @@ type harness struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
+	// wait looks for what the syncer does, advancing the fake clock a
+	// little between looks so timers (the index's settling, backoff)
+	// fire. Generous in real time: under qemu-user on a loaded machine a
+	// step takes long.
+	wait waittest.Poll
 }
 
 func newHarness(t *testing.T) *harness {
@@ -39,6 +45,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	t.Cleanup(func() { st.Close() })
 	h := &harness{t: t, b: newFakeBroker(), st: st, clk: clocktest.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))}
+	h.wait = waittest.Poll{Timeout: 60 * time.Second, Every: 2 * time.Millisecond, Between: func() { h.clk.Advance(100 * time.Millisecond) }}
 	h.facts = func() NodeFacts {
 		return NodeFacts{Labels: map[string]string{"outpost.io/board": "raspberry-pi-4-model-b"}, Status: corev1.NodeStatus{
 			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}},
@@ -72,22 +79,6 @@ func (h *harness) stop() {
 		h.t.Fatal("Run did not return after its context ended")
 	}
 	h.cancel = nil
-}
-
-// eventually waits for cond, advancing the fake clock a little at each
-// look so timers (the index's settling, backoff) fire.
-func (h *harness) eventually(what string, cond func() bool) {
-	h.t.Helper()
-	// Generous in real time: under qemu-user on a loaded machine a step
-	// takes long.
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-		h.clk.Advance(100 * time.Millisecond)
-	}
 }
 
 func testPod(name, uid string) *corev1.Pod {
@@ -144,7 +135,7 @@ func TestDesiredObjectsFromRetainedMessages(t *testing.T) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-config"}, Data: map[string]string{"k": "v"}}
 	h.b.publish("bridge", DesiredTopic(testNode, KindConfigMaps, "default", "web-config"), true, desiredPayload(t, "ConfigMap", cm, 11))
 	h.start()
-	h.eventually("the pod and config map stored", func() bool {
+	h.wait.Until(h.t, "the pod and config map stored", func() bool {
 		_, ok, _ := h.st.ConfigMaps().Get("default", "web-config")
 		return h.podGen("web") == 10 && ok
 	})
@@ -152,7 +143,7 @@ func TestDesiredObjectsFromRetainedMessages(t *testing.T) {
 	if rec.Source != store.SourceMQTT {
 		t.Errorf("pod source %s, want mqtt", rec.Source)
 	}
-	h.eventually("online true", func() bool { return string(h.b.retainedAt(OnlineTopic(testNode))) == OnlineTrue })
+	h.wait.Until(h.t, "online true", func() bool { return string(h.b.retainedAt(OnlineTopic(testNode))) == OnlineTrue })
 	if !h.s.Link().Connected {
 		t.Error("link not connected")
 	}
@@ -163,12 +154,12 @@ func TestOlderGenerationIgnored(t *testing.T) {
 	h.start()
 	pod := testPod("web", "u1")
 	h.bridgePod(pod, 20)
-	h.eventually("gen 20 stored", func() bool { return h.podGen("web") == 20 })
+	h.wait.Until(h.t, "gen 20 stored", func() bool { return h.podGen("web") == 20 })
 	old := pod.DeepCopy()
 	old.Spec.Containers[0].Image = "busybox:old"
 	h.bridgePod(old, 19)
 	h.bridgePod(old, 20)
-	h.eventually("two stale messages counted", func() bool { return h.s.Counts().Stale == 2 })
+	h.wait.Until(h.t, "two stale messages counted", func() bool { return h.s.Counts().Stale == 2 })
 	if p, _ := h.storedPod("web"); p.Spec.Containers[0].Image != "busybox" {
 		t.Errorf("image %s after a replay of an older generation, want busybox", p.Spec.Containers[0].Image)
 	}
@@ -178,19 +169,19 @@ func TestOlderGenerationIgnored(t *testing.T) {
 		return Envelope{Kind: "Pod", Generation: gen, Encoding: EncodingTombstone}.Marshal()
 	}
 	h.b.publish("bridge", DesiredTopic(testNode, KindPods, "default", "web"), false, tomb(15))
-	h.eventually("stale tombstone counted", func() bool { return h.s.Counts().Stale == 3 })
+	h.wait.Until(h.t, "stale tombstone counted", func() bool { return h.s.Counts().Stale == 3 })
 	if _, ok := h.storedPod("web"); !ok {
 		t.Fatal("an older tombstone deleted the pod")
 	}
 	h.b.publish("bridge", DesiredTopic(testNode, KindPods, "default", "web"), false, tomb(21))
-	h.eventually("pod deleted", func() bool { _, ok := h.storedPod("web"); return !ok })
+	h.wait.Until(h.t, "pod deleted", func() bool { _, ok := h.storedPod("web"); return !ok })
 }
 
 func TestBadMessagesAreRefusedAndTheStoreKeepsItsObjects(t *testing.T) {
 	h := newHarness(t)
 	h.start()
 	h.bridgePod(testPod("web", "u1"), 5)
-	h.eventually("pod stored", func() bool { return h.podGen("web") == 5 })
+	h.wait.Until(h.t, "pod stored", func() bool { return h.podGen("web") == 5 })
 	before, _ := h.storedPod("web")
 
 	other := testPod("web", "u1")
@@ -216,7 +207,7 @@ func TestBadMessagesAreRefusedAndTheStoreKeepsItsObjects(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h.b.publish("bridge", c.topic, false, c.payload)
-			h.eventually("rejected as "+c.reason, func() bool {
+			h.wait.Until(h.t, "rejected as "+c.reason, func() bool {
 				n := uint64(0)
 				for _, v := range h.s.Counts().Rejects {
 					n += v
@@ -250,7 +241,7 @@ func TestReconnectFetchesOnlyWhatChangedWhenTheQueueDropped(t *testing.T) {
 	h.bridgePod(gone, 12)
 	h.bridgeIndex(12, map[string]uint64{"pods/default/keep": 10, "pods/default/change": 11, "pods/default/gone": 12})
 	h.start()
-	h.eventually("three pods", func() bool { return h.podGen("keep") == 10 && h.podGen("change") == 11 && h.podGen("gone") == 12 })
+	h.wait.Until(h.t, "three pods", func() bool { return h.podGen("keep") == 10 && h.podGen("change") == 11 && h.podGen("gone") == 12 })
 
 	// The link dies; while it is down the broker's queue drops
 	// everything the bridge publishes.
@@ -258,7 +249,7 @@ func TestReconnectFetchesOnlyWhatChangedWhenTheQueueDropped(t *testing.T) {
 	h.b.refuse, h.b.dropQueued = true, true
 	h.b.mu.Unlock()
 	h.b.kill(testNode)
-	h.eventually("link down", func() bool { return !h.s.Link().Connected })
+	h.wait.Until(h.t, "link down", func() bool { return !h.s.Link().Connected })
 	changed := change.DeepCopy()
 	changed.Spec.Containers[0].Image = "busybox:2"
 	h.bridgePod(changed, 20)
@@ -270,7 +261,7 @@ func TestReconnectFetchesOnlyWhatChangedWhenTheQueueDropped(t *testing.T) {
 	h.b.mu.Lock()
 	h.b.refuse = false
 	h.b.mu.Unlock()
-	h.eventually("converged", func() bool {
+	h.wait.Until(h.t, "converged", func() bool {
 		_, goneThere := h.storedPod("gone")
 		return h.podGen("change") == 20 && h.podGen("new") == 21 && !goneThere && h.podGen("keep") == 10
 	})
@@ -280,7 +271,7 @@ func TestReconnectFetchesOnlyWhatChangedWhenTheQueueDropped(t *testing.T) {
 	if p, _ := h.storedPod("change"); p.Spec.Containers[0].Image != "busybox:2" {
 		t.Errorf("changed pod has image %s", p.Spec.Containers[0].Image)
 	}
-	h.eventually("fetch subscriptions ended", func() bool {
+	h.wait.Until(h.t, "fetch subscriptions ended", func() bool {
 		h.b.mu.Lock()
 		defer h.b.mu.Unlock()
 		return len(h.b.sessions[testNode].subs) == 5
@@ -292,7 +283,7 @@ func TestBrokerThatLostRetainedMessagesDeletesNothing(t *testing.T) {
 	h.bridgePod(testPod("web", "u1"), 10)
 	h.bridgeIndex(10, map[string]uint64{"pods/default/web": 10})
 	h.start()
-	h.eventually("pod stored", func() bool { return h.podGen("web") == 10 })
+	h.wait.Until(h.t, "pod stored", func() bool { return h.podGen("web") == 10 })
 	// The broker restarts with neither its retained messages nor the
 	// session: the node finds no index and keeps its pods.
 	dials := h.s.Counts().Connects
@@ -305,11 +296,11 @@ func TestBrokerThatLostRetainedMessagesDeletesNothing(t *testing.T) {
 	delete(h.b.sessions, testNode)
 	h.b.refuse = false
 	h.b.mu.Unlock()
-	h.eventually("reconnected", func() bool { return h.s.Counts().Connects > dials && h.s.Link().Connected })
+	h.wait.Until(h.t, "reconnected", func() bool { return h.s.Counts().Connects > dials && h.s.Link().Connected })
 	// The bridge publishes everything again, unchanged.
 	h.bridgePod(testPod("web", "u1"), 10)
 	h.bridgeIndex(10, map[string]uint64{"pods/default/web": 10})
-	h.eventually("republished pod seen as stale", func() bool { return h.s.Counts().Stale >= 1 })
+	h.wait.Until(h.t, "republished pod seen as stale", func() bool { return h.s.Counts().Stale >= 1 })
 	if h.podGen("web") != 10 {
 		t.Errorf("pod generation %d, want 10", h.podGen("web"))
 	}
@@ -319,7 +310,7 @@ func TestStatusDrainsTheJournalRetainedWithItsSequence(t *testing.T) {
 	h := newHarness(t)
 	h.bridgePod(testPod("web", "u1"), 10)
 	h.start()
-	h.eventually("pod stored", func() bool { return h.podGen("web") == 10 })
+	h.wait.Until(h.t, "pod stored", func() bool { return h.podGen("web") == 10 })
 	status := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "u1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.42.0.2"}}
 	data, _ := status.Marshal()
 	seq, err := h.st.Append("pod/default/web", data)
@@ -331,7 +322,7 @@ func TestStatusDrainsTheJournalRetainedWithItsSequence(t *testing.T) {
 	gdata, _ := gone.Marshal()
 	h.st.Append("pod/default/gone", gdata)
 	topic := PodStatusTopic(testNode, "default", "web")
-	h.eventually("status retained", func() bool { return h.b.retainedAt(topic) != nil })
+	h.wait.Until(h.t, "status retained", func() bool { return h.b.retainedAt(topic) != nil })
 	e, err := UnmarshalEnvelope(h.b.retainedAt(topic))
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +330,7 @@ func TestStatusDrainsTheJournalRetainedWithItsSequence(t *testing.T) {
 	if e.Kind != "Pod" || e.Generation != seq || !bytes.Equal(e.Body, data) {
 		t.Errorf("status envelope %s gen %d (want Pod, %d), body equal: %v", e.Kind, e.Generation, seq, bytes.Equal(e.Body, data))
 	}
-	h.eventually("journal empty", func() bool {
+	h.wait.Until(h.t, "journal empty", func() bool {
 		n, _ := h.st.Backlog()
 		return n == 0
 	})
@@ -348,18 +339,18 @@ func TestStatusDrainsTheJournalRetainedWithItsSequence(t *testing.T) {
 	}
 	// The pod's deletion clears its retained status.
 	h.b.publish("bridge", DesiredTopic(testNode, KindPods, "default", "web"), true, nil)
-	h.eventually("status cleared", func() bool { return h.b.retainedAt(topic) == nil })
+	h.wait.Until(h.t, "status cleared", func() bool { return h.b.retainedAt(topic) == nil })
 }
 
 func TestNodeStatusIsSentOnChangeOnly(t *testing.T) {
 	h := newHarness(t)
 	h.start()
 	topic := NodeStatusTopic(testNode)
-	h.eventually("first node status", func() bool { return len(h.b.published(topic)) == 1 })
+	h.wait.Until(h.t, "first node status", func() bool { return len(h.b.published(topic)) == 1 })
 	for range 5 {
 		h.clk.Advance(10 * time.Second)
 	}
-	h.eventually("journal empty", func() bool { n, _ := h.st.Backlog(); return n == 0 })
+	h.wait.Until(h.t, "journal empty", func() bool { n, _ := h.st.Backlog(); return n == 0 })
 	if n := len(h.b.published(topic)); n != 1 {
 		t.Fatalf("%d node statuses with nothing changed, want 1", n)
 	}
@@ -368,7 +359,7 @@ func TestNodeStatusIsSentOnChangeOnly(t *testing.T) {
 		return NodeFacts{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "ContainerdDown"}}}}
 	}
 	h.mu.Unlock()
-	h.eventually("second node status", func() bool { return len(h.b.published(topic)) == 2 })
+	h.wait.Until(h.t, "second node status", func() bool { return len(h.b.published(topic)) == 2 })
 	var n corev1.Node
 	e, _ := UnmarshalEnvelope(h.b.retainedAt(topic))
 	if err := n.Unmarshal(e.Body); err != nil {
@@ -383,12 +374,12 @@ func TestOnlineFalseOnShutdownAndLastWillOnDeath(t *testing.T) {
 	h := newHarness(t)
 	h.start()
 	online := OnlineTopic(testNode)
-	h.eventually("online", func() bool { return string(h.b.retainedAt(online)) == OnlineTrue })
+	h.wait.Until(h.t, "online", func() bool { return string(h.b.retainedAt(online)) == OnlineTrue })
 	h.b.kill(testNode)
 	if got := string(h.b.retainedAt(online)); got != OnlineFalse {
 		t.Errorf("after the connection died, online is %q, want the Last Will's false", got)
 	}
-	h.eventually("online again", func() bool { return string(h.b.retainedAt(online)) == OnlineTrue })
+	h.wait.Until(h.t, "online again", func() bool { return string(h.b.retainedAt(online)) == OnlineTrue })
 	h.stop()
 	if got := string(h.b.retainedAt(online)); got != OnlineFalse {
 		t.Errorf("after a clean stop, online is %q, want false", got)
@@ -398,11 +389,11 @@ func TestOnlineFalseOnShutdownAndLastWillOnDeath(t *testing.T) {
 func TestWatchdogReplacesASilentConnection(t *testing.T) {
 	h := newHarness(t)
 	h.start()
-	h.eventually("connected", func() bool { return h.s.Link().Connected })
+	h.wait.Until(h.t, "connected", func() bool { return h.s.Link().Connected })
 	h.b.mu.Lock()
 	h.b.sessions[testNode].conn.lastRead.Store(wall.Now().Add(-time.Hour).UnixNano())
 	h.b.mu.Unlock()
-	h.eventually("a second connection", func() bool { return h.s.Counts().Connects == 2 && h.s.Link().Connected })
+	h.wait.Until(h.t, "a second connection", func() bool { return h.s.Counts().Connects == 2 && h.s.Link().Connected })
 	if h.s.Counts().Watchdog != 1 {
 		t.Errorf("watchdog resets %d, want 1", h.s.Counts().Watchdog)
 	}
@@ -424,7 +415,7 @@ func TestStaticPodStatusClearedWhenItGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	topic := PodStatusTopic(testNode, "default", "sensor-pi-1")
-	h.eventually("static pod status retained", func() bool { return h.b.retainedAt(topic) != nil })
+	h.wait.Until(h.t, "static pod status retained", func() bool { return h.b.retainedAt(topic) != nil })
 	e, _ := UnmarshalEnvelope(h.b.retainedAt(topic))
 	var full corev1.Pod
 	if err := full.Unmarshal(e.Body); err != nil || len(full.Spec.Containers) != 1 || full.Status.Phase != corev1.PodRunning {
@@ -433,5 +424,5 @@ func TestStaticPodStatusClearedWhenItGoes(t *testing.T) {
 	if _, err := h.st.Pods().Delete("default", "sensor-pi-1"); err != nil {
 		t.Fatal(err)
 	}
-	h.eventually("status cleared", func() bool { return h.b.retainedAt(topic) == nil })
+	h.wait.Until(h.t, "status cleared", func() bool { return h.b.retainedAt(topic) == nil })
 }

@@ -56,7 +56,7 @@ func TestE2EPodCgroupsGoWithTheirPods(t *testing.T) {
 			n.kill()
 			n.start()
 		}
-		waitFor(t, 90*time.Second, fmt.Sprintf("round %d's pods removed", r), func() (bool, string) {
+		within(90*time.Second).For(t, fmt.Sprintf("round %d's pods removed", r), func() (bool, string) {
 			s, err := n.status()
 			if err != nil || s.From != "agent" {
 				return false, fmt.Sprint(err)
@@ -83,7 +83,7 @@ func (n *node) wantCgroupsOf(t *testing.T, uids ...string) {
 		want = append(want, "pod"+uid)
 	}
 	slices.Sort(want)
-	waitFor(t, 30*time.Second, fmt.Sprintf("the node's cgroups exactly those of its %d pods", len(uids)), func() (bool, string) {
+	within(30*time.Second).For(t, fmt.Sprintf("the node's cgroups exactly those of its %d pods", len(uids)), func() (bool, string) {
 		var wrong []string
 		for _, h := range hs {
 			got := subdirs(filepath.Join(h, n.ctrd.CgroupParent))

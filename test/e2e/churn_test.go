@@ -50,8 +50,7 @@ func TestE2EAgentKilledDuringChurn(t *testing.T) {
 		n.waitPod(name+"-e2e-churn", 60*time.Second, "running", running)
 	}
 	// Give removals a moment to finish, then count what containerd runs.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	within(30*time.Second).For(t, fmt.Sprintf("one running task for each of %v after 20 kills", want), func() (bool, string) {
 		tasks := runningTasks(t, n)
 		ok := len(tasks) == len(want)
 		for _, name := range want {
@@ -59,14 +58,8 @@ func TestE2EAgentKilledDuringChurn(t *testing.T) {
 				ok = false
 			}
 		}
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 20 kills: running tasks per pod %v, want one for each of %v", tasks, want)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return ok, fmt.Sprintf("running tasks per pod %v", tasks)
+	})
 	s, err := n.status()
 	if err != nil {
 		t.Fatal(err)

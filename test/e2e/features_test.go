@@ -18,17 +18,13 @@ import (
 // want is in them, for at most timeout, and returns the logs.
 func (n *node) waitLogs(pod string, timeout time.Duration, want string, args ...string) string {
 	n.t.Helper()
-	deadline := time.Now().Add(timeout)
 	var out string
-	for time.Now().Before(deadline) {
+	within(timeout).For(n.t, fmt.Sprintf("%q in the logs of %s %v", want, pod, args), func() (bool, string) {
 		var err error
-		if out, err = n.outpost(append([]string{"logs", pod}, args...)...); err == nil && strings.Contains(out, want) {
-			return out
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	n.t.Fatalf("logs of %s %v: no %q within %v; last seen:\n%s", pod, args, want, timeout, out)
-	return ""
+		out, err = n.outpost(append([]string{"logs", pod}, args...)...)
+		return err == nil && strings.Contains(out, want), fmt.Sprintf("%v\n%s", err, out)
+	})
+	return out
 }
 
 // unmountAtExit kills the agent at the end of the test and unmounts what
@@ -400,16 +396,10 @@ spec:
 	if out, err := n.fetch("http://" + p.Status.PodIP + ":8080/"); err != nil || !strings.Contains(out, "served by hostport pod") {
 		t.Fatalf("fetch from pod IP: %v: %q", err, out)
 	}
-	var out string
-	var err error
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if out, err = n.fetch("http://10.42.0.1:18080/"); err == nil && strings.Contains(out, "served by hostport pod") {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("fetch through hostPort 10.42.0.1:18080: %v: %q", err, out)
+	within(10*time.Second).For(t, "the pod's page through hostPort 10.42.0.1:18080", func() (bool, string) {
+		out, err := n.fetch("http://10.42.0.1:18080/")
+		return err == nil && strings.Contains(out, "served by hostport pod"), fmt.Sprintf("%v: %q", err, out)
+	})
 }
 
 // TestE2EPreStopGraceful runs a pod with a preStop exec hook and a SIGTERM
@@ -444,16 +434,16 @@ spec:
 		t.Fatal(err)
 	}
 	start := time.Now()
-	for {
+	within(10*time.Second).For(t, "the pod of the removed manifest gone from the agent's status", func() (bool, string) {
 		s, err := n.status()
-		if err == nil && s.From == "agent" && findPod(s, "stop-e2e-prestop") == nil {
-			break
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("pod of the removed manifest still listed after 10 s")
+		if s.From != "agent" {
+			return false, "status from " + s.From
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return findPod(s, "stop-e2e-prestop") == nil, "the pod still listed"
+	})
 	for time.Since(start) < 10*time.Second {
 		if !strings.Contains(run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls", "-q"), "-main-") {
 			break

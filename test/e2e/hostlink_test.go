@@ -103,7 +103,7 @@ func TestMetricsServerRegisters(t *testing.T) {
 	nodeIP := n.hostLink()
 	n.start()
 
-	waitFor(t, 60*time.Second, "the node's InternalIP "+nodeIP, func() (bool, string) {
+	within(60*time.Second).For(t, "the node's InternalIP "+nodeIP, func() (bool, string) {
 		ctx, cancel := adm.ctx()
 		defer cancel()
 		var node corev1.Node

@@ -104,7 +104,7 @@ func runPodStartup(b *testing.B, iter int) map[string]float64 {
 	}
 	n := startBenchNode(b, fmt.Sprintf("bench-startup-%d", iter), api)
 
-	benchWait(b, 90*time.Second, "a Ready node", func() (bool, string) {
+	within(90*time.Second).For(b, "a Ready node", func() (bool, string) {
 		var node corev1.Node
 		if err := admin.Core.Get().Resource("nodes").Name(n.name).Do(ctx).Into(&node); err != nil {
 			return false, err.Error()
@@ -627,21 +627,4 @@ func benchProcStatus(b *testing.B, pid int, names ...string) map[string]int64 {
 		b.Fatalf("/proc/%d/status: found %v of %v", pid, out, names)
 	}
 	return out
-}
-
-// benchWait polls cond until it holds, failing b after timeout with the
-// last thing cond said.
-func benchWait(b *testing.B, timeout time.Duration, what string, cond func() (bool, string)) {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		last = msg
-		time.Sleep(250 * time.Millisecond)
-	}
-	b.Fatalf("not %s within %v; last: %s", what, timeout, last)
 }

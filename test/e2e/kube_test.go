@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -100,21 +101,10 @@ func (a *admin) create(resource string, obj runtime.Object) {
 	}
 }
 
-// waitFor polls cond until it reports true, failing the test after timeout
-// with the last thing cond said.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		last = msg
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("not %s within %v; last: %s", what, timeout, last)
+// within is how the end-to-end tests wait, for at most timeout: each
+// look asks a server, a process or the kernel, so they look every 250 ms.
+func within(timeout time.Duration) waittest.Poll {
+	return waittest.Poll{Timeout: timeout, Every: 250 * time.Millisecond}
 }
 
 func podCondition(p *corev1.Pod, typ corev1.PodConditionType) corev1.ConditionStatus {
@@ -161,7 +151,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 
 	// The Node registers and is Ready.
 	var node corev1.Node
-	waitFor(t, 60*time.Second, "a Ready node", func() (bool, string) {
+	within(60*time.Second).For(t, "a Ready node", func() (bool, string) {
 		ctx, cancel := adm.ctx()
 		defer cancel()
 		if err := adm.core.Get().Resource("nodes").Name(n.name).Do(ctx).Into(&node); err != nil {
@@ -197,7 +187,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	// The Node may be Ready before its Lease exists: the first renewal
 	// seen is then the one to compare with.
 	first := lease()
-	waitFor(t, 30*time.Second, "a renewed lease", func() (bool, string) {
+	within(30*time.Second).For(t, "a renewed lease", func() (bool, string) {
 		r := lease()
 		if first.IsZero() {
 			first = r
@@ -214,7 +204,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	web.Spec.Volumes = []corev1.Volume{{Name: "www", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "www"}}}}}
 	adm.create("pods", web)
 	var got *corev1.Pod
-	waitFor(t, 90*time.Second, "api-web Running and Ready with an IP", func() (bool, string) {
+	within(90*time.Second).For(t, "api-web Running and Ready with an IP", func() (bool, string) {
 		p, err := adm.pod("api-web")
 		if err != nil {
 			return false, err.Error()
@@ -234,7 +224,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	sa.Spec.AutomountServiceAccountToken = nil
 	sa.Spec.RestartPolicy = corev1.RestartPolicyNever
 	adm.create("pods", sa)
-	waitFor(t, 60*time.Second, "api-sa Running with its token", func() (bool, string) {
+	within(60*time.Second).For(t, "api-sa Running with its token", func() (bool, string) {
 		p, err := adm.pod("api-sa")
 		if err != nil {
 			return false, err.Error()
@@ -247,7 +237,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	bad := apiPod("api-pvc", n.name, "sleep 100000")
 	bad.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}
 	adm.create("pods", bad)
-	waitFor(t, 60*time.Second, "api-pvc Failed as InvalidPod naming the volume", func() (bool, string) {
+	within(60*time.Second).For(t, "api-pvc Failed as InvalidPod naming the volume", func() (bool, string) {
 		p, err := adm.pod("api-pvc")
 		if err != nil {
 			return false, err.Error()
@@ -256,7 +246,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	})
 
 	// The static pod has a mirror pod with its status.
-	waitFor(t, 60*time.Second, "a running mirror pod of sensor", func() (bool, string) {
+	within(60*time.Second).For(t, "a running mirror pod of sensor", func() (bool, string) {
 		p, err := adm.pod("sensor-" + n.name)
 		if err != nil {
 			return false, err.Error()
@@ -277,7 +267,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	if err != nil {
 		t.Fatalf("delete api-web: %v", err)
 	}
-	waitFor(t, 60*time.Second, "api-web deleted", func() (bool, string) {
+	within(60*time.Second).For(t, "api-web deleted", func() (bool, string) {
 		p, err := adm.pod("api-web")
 		if apierrors.IsNotFound(err) {
 			return true, ""
@@ -287,7 +277,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 		}
 		return false, fmt.Sprintf("deletionTimestamp %v, status %s", p.DeletionTimestamp, asJSON(p.Status))
 	})
-	waitFor(t, 30*time.Second, "api-web gone from the node", func() (bool, string) {
+	within(30*time.Second).For(t, "api-web gone from the node", func() (bool, string) {
 		s, err := n.status()
 		if err != nil {
 			return false, err.Error()
@@ -371,7 +361,7 @@ func TestKubeOffline(t *testing.T) {
 		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "test ! -e /ctl/fail"}}}}
 	adm.create("pods", flaky)
 	for _, name := range []string{"steady", "flaky", "sensor-" + n.name} {
-		waitFor(t, 90*time.Second, name+" Running in the API", func() (bool, string) {
+		within(90*time.Second).For(t, name+" Running in the API", func() (bool, string) {
 			p, err := adm.pod(name)
 			if err != nil {
 				return false, err.Error()
@@ -384,7 +374,7 @@ func TestKubeOffline(t *testing.T) {
 	// The API server goes away.
 	t0 := time.Now()
 	api.Stop()
-	waitFor(t, 60*time.Second, "the link offline", func() (bool, string) {
+	within(60*time.Second).For(t, "the link offline", func() (bool, string) {
 		s, err := n.status()
 		if err != nil || s.Agent == nil || s.Agent.Link == nil {
 			return false, fmt.Sprint(err)
@@ -427,7 +417,7 @@ func TestKubeOffline(t *testing.T) {
 	// The API server comes back: the statuses converge.
 	seen := len(api.AuditEvents(t))
 	api.Start(t)
-	waitFor(t, 60*time.Second, "flaky's restart count in the API", func() (bool, string) {
+	within(60*time.Second).For(t, "flaky's restart count in the API", func() (bool, string) {
 		p, err := adm.pod("flaky")
 		if err != nil {
 			return false, err.Error()
@@ -438,7 +428,7 @@ func TestKubeOffline(t *testing.T) {
 	if got := agentRestarts(findPod(mustStatus(t, n), "flaky")); got != agentRestarts(stable) {
 		t.Errorf("flaky restarted after its probe passed: restart count %d, was %d", got, agentRestarts(stable))
 	}
-	waitFor(t, 30*time.Second, "an empty journal", func() (bool, string) {
+	within(30*time.Second).For(t, "an empty journal", func() (bool, string) {
 		s := mustStatus(t, n)
 		return s.JournalBacklog == 0, fmt.Sprintf("backlog %d", s.JournalBacklog)
 	})
@@ -475,7 +465,7 @@ func TestKubeShortOutageResumesWatch(t *testing.T) {
 	link := n.connect(api)
 	n.start()
 	adm.create("pods", apiPod("one", n.name, "while true; do sleep 1; done"))
-	waitFor(t, 90*time.Second, "pod one Running in the API", func() (bool, string) {
+	within(90*time.Second).For(t, "pod one Running in the API", func() (bool, string) {
 		p, err := adm.pod("one")
 		if err != nil {
 			return false, err.Error()
@@ -484,7 +474,7 @@ func TestKubeShortOutageResumesWatch(t *testing.T) {
 	})
 	seen := len(api.AuditEvents(t))
 	link.pause()
-	waitFor(t, 60*time.Second, "the link offline", func() (bool, string) {
+	within(60*time.Second).For(t, "the link offline", func() (bool, string) {
 		s := mustStatus(t, n)
 		return s.Agent != nil && s.Agent.Link != nil && !s.Agent.Link.Connected, fmt.Sprint(s.Agent)
 	})
@@ -502,14 +492,14 @@ func TestKubeShortOutageResumesWatch(t *testing.T) {
 		t.Fatalf("pod one stopped before the node could hear of its deletion: %+v", p)
 	}
 	link.resume()
-	waitFor(t, 90*time.Second, "pod two Running in the API", func() (bool, string) {
+	within(90*time.Second).For(t, "pod two Running in the API", func() (bool, string) {
 		p, err := adm.pod("two")
 		if err != nil {
 			return false, err.Error()
 		}
 		return p.Status.Phase == corev1.PodRunning, asJSON(p.Status)
 	})
-	waitFor(t, 60*time.Second, "pod one stopped and deleted", func() (bool, string) {
+	within(60*time.Second).For(t, "pod one stopped and deleted", func() (bool, string) {
 		_, err := adm.pod("one")
 		if !apierrors.IsNotFound(err) {
 			return false, fmt.Sprint(err)
@@ -553,7 +543,7 @@ func TestKubeBootstrap(t *testing.T) {
 
 	// No approver yet: the static pod runs while the request waits.
 	n.waitPod("sensor-"+n.name, 60*time.Second, "running", running)
-	waitFor(t, 30*time.Second, "a pending certificate request", func() (bool, string) {
+	within(30*time.Second).For(t, "a pending certificate request", func() (bool, string) {
 		s := mustStatus(t, n)
 		if s.Agent == nil || s.Agent.Link == nil || s.Agent.Link.Certificate == nil {
 			return false, "no certificate state"
@@ -567,7 +557,7 @@ func TestKubeBootstrap(t *testing.T) {
 	go func() { api.SignNodeCSRs(ctx, t, time.Hour); close(signed) }()
 	defer func() { cancel(); <-signed }()
 	adm := newAdmin(t, api)
-	waitFor(t, 60*time.Second, "the node registered and Ready", func() (bool, string) {
+	within(60*time.Second).For(t, "the node registered and Ready", func() (bool, string) {
 		c, cancel := adm.ctx()
 		defer cancel()
 		var node corev1.Node
@@ -693,7 +683,7 @@ func TestKubeEviction(t *testing.T) {
 		adm.create("pods", p)
 	}
 	for _, name := range []string{"tolerant", "brief", "plain"} {
-		waitFor(t, 90*time.Second, name+" Running in the API", func() (bool, string) {
+		within(90*time.Second).For(t, name+" Running in the API", func() (bool, string) {
 			p, err := adm.pod(name)
 			if err != nil {
 				return false, err.Error()
@@ -705,7 +695,7 @@ func TestKubeEviction(t *testing.T) {
 
 	t0 := time.Now()
 	link.pause()
-	waitFor(t, grace+90*time.Second, "brief evicted by the control plane", func() (bool, string) {
+	within(grace+90*time.Second).For(t, "brief evicted by the control plane", func() (bool, string) {
 		p, err := adm.pod("brief")
 		if err != nil {
 			return false, err.Error()
@@ -729,7 +719,7 @@ func TestKubeEviction(t *testing.T) {
 	}
 	link.resume()
 
-	waitFor(t, 90*time.Second, "the node Ready again", func() (bool, string) {
+	within(90*time.Second).For(t, "the node Ready again", func() (bool, string) {
 		ctx, cancel := adm.ctx()
 		defer cancel()
 		var node corev1.Node
@@ -748,7 +738,7 @@ func TestKubeEviction(t *testing.T) {
 		evicted = append(evicted, "plain")
 	}
 	for _, name := range evicted {
-		waitFor(t, 90*time.Second, name+" stopped and deleted after the reconnect", func() (bool, string) {
+		within(90*time.Second).For(t, name+" stopped and deleted after the reconnect", func() (bool, string) {
 			if _, err := adm.pod(name); !apierrors.IsNotFound(err) {
 				return false, fmt.Sprint("in the API: ", err)
 			}

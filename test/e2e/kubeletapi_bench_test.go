@@ -36,7 +36,7 @@ func BenchmarkKubeletAPI(b *testing.B) {
 	flood := apiPod("flood", n.name, "exec yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz")
 	flood.Spec.Containers[0].Name = "yes"
 	adm.create("pods", flood)
-	waitFor(b, 60*time.Second, "flood pod running", func() (bool, string) {
+	within(60*time.Second).For(b, "flood pod running", func() (bool, string) {
 		p, err := adm.pod("flood")
 		if err != nil {
 			return false, err.Error()
@@ -114,7 +114,7 @@ func BenchmarkKubeletAPI(b *testing.B) {
 		b.Fatal(err)
 	}
 	n.start()
-	waitFor(b, 60*time.Second, "agent running again", func() (bool, string) {
+	within(60*time.Second).For(b, "agent running again", func() (bool, string) {
 		s, err := n.status()
 		return err == nil && len(s.Pods) >= 1, fmt.Sprint(err)
 	})

@@ -121,7 +121,7 @@ func startDebugNode(t testing.TB) (*env.APIServer, *admin, *node, string) {
 	n.start()
 	healthyNode(t, adm, n.name)
 	adm.create("pods", debugPod(n.name))
-	waitFor(t, 90*time.Second, "debug pod running", func() (bool, string) {
+	within(90*time.Second).For(t, "debug pod running", func() (bool, string) {
 		p, err := adm.pod("debug")
 		if err != nil {
 			return false, err.Error()
@@ -174,7 +174,7 @@ func TestKubeletAPI(t *testing.T) {
 			t.Errorf("logs of an unknown container: %d %q", code, out)
 		}
 		// --previous: the crashing container's earlier attempt.
-		waitFor(t, 60*time.Second, "crash container restarted", func() (bool, string) {
+		within(60*time.Second).For(t, "crash container restarted", func() (bool, string) {
 			p, err := adm.pod("debug")
 			if err != nil {
 				return false, err.Error()
@@ -271,7 +271,7 @@ func TestKubeletAPI(t *testing.T) {
 		}
 		defer func() { pcancel(); cmd.Wait() }()
 		var body string
-		waitFor(t, 20*time.Second, "a page through kubectl port-forward", func() (bool, string) {
+		within(20*time.Second).For(t, "a page through kubectl port-forward", func() (bool, string) {
 			resp, err := (&http.Client{Timeout: 3 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
 			if err != nil {
 				return false, err.Error()
@@ -336,13 +336,13 @@ func TestKubeletAPI(t *testing.T) {
 		env.StartMetricsServer(t, api, hostSide(nodeIP))
 		// metrics-server needs two scrapes (10 s apart) for a CPU rate.
 		var out string
-		waitFor(t, 90*time.Second, "kubectl top node", func() (bool, string) {
+		within(90*time.Second).For(t, "kubectl top node", func() (bool, string) {
 			o, code := kubectlAs(ctx, t, api.Kubeconfig, nil, "top", "node", n.name, "--no-headers")
 			out = o
 			return code == 0 && strings.HasPrefix(o, n.name+" "), o
 		})
 		t.Logf("kubectl top node: %s", strings.TrimSpace(out))
-		waitFor(t, 60*time.Second, "kubectl top pod", func() (bool, string) {
+		within(60*time.Second).For(t, "kubectl top pod", func() (bool, string) {
 			o, code := kubectlAs(ctx, t, api.Kubeconfig, nil, "top", "pod", "debug", "--containers", "--no-headers")
 			out = o
 			return code == 0 && strings.Contains(o, "debug") && strings.Contains(o, " web "), o

@@ -411,7 +411,7 @@ func mbLinkWithAddr(t testing.TB, ip string) string {
 
 // nodeReady waits for Node name to be Ready in the API server.
 func (s *mqttBench) nodeReady(name string, timeout time.Duration) {
-	benchWait(s.b, timeout, "node "+name+" Ready in the API", func() (bool, string) {
+	within(timeout).For(s.b, "node "+name+" Ready in the API", func() (bool, string) {
 		var n corev1.Node
 		ctx, cancel := s.adm.ctx()
 		defer cancel()
@@ -480,7 +480,7 @@ func (s *mqttBench) podsOn(node string) (map[string]*corev1.Pod, error) {
 
 // waitPods waits until every pod of names on node holds ok in the API.
 func (s *mqttBench) waitPods(node string, names []string, timeout time.Duration, what string, ok func(*corev1.Pod) bool) {
-	benchWait(s.b, timeout, fmt.Sprintf("%d pods %s in the API", len(names), what), func() (bool, string) {
+	within(timeout).For(s.b, fmt.Sprintf("%d pods %s in the API", len(names), what), func() (bool, string) {
 		pods, err := s.podsOn(node)
 		if err != nil {
 			return false, err.Error()
@@ -1143,7 +1143,7 @@ func BenchmarkMQTTReconnectBytes(b *testing.B) {
 
 		tCut := time.Now()
 		s.cut()
-		benchWait(b, 3*keepalive+30*time.Second, "the agent's link down after the cut", func() (bool, string) {
+		within(3*keepalive+30*time.Second).For(b, "the agent's link down after the cut", func() (bool, string) {
 			l, err := s.agentLink()
 			if err != nil {
 				return false, err.Error()
@@ -1547,7 +1547,7 @@ func BenchmarkMQTTOutageReplay(b *testing.B) {
 		}
 		// The agent shows the final readiness of every pod before the
 		// broker returns: what is measured is the link, not the probes.
-		benchWait(b, settleFlips+30*time.Second, "every pod's final readiness on the agent", func() (bool, string) {
+		within(settleFlips+30*time.Second).For(b, "every pod's final readiness on the agent", func() (bool, string) {
 			st, err := s.node.status()
 			if err != nil || st.From != "agent" {
 				return false, fmt.Sprint(err)
@@ -1584,7 +1584,7 @@ func BenchmarkMQTTOutageReplay(b *testing.B) {
 		tUp := time.Now()
 		b.StartTimer()
 		var converged time.Time
-		benchWait(b, 5*time.Minute, "every pod's final readiness in the API", func() (bool, string) {
+		within(5*time.Minute).For(b, "every pod's final readiness in the API", func() (bool, string) {
 			pods, err := s.podsOn(s.node.name)
 			if err != nil {
 				return false, err.Error()

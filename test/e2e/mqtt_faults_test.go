@@ -77,7 +77,7 @@ func TestMQTTAgentKilled(t *testing.T) {
 	waitLog(t, s.bridgeLog, away, 15*time.Second, "the bridge told the node is away (its Last Will)", `msg="node away; its lease is left to expire"`)
 	t.Logf("the bridge saw the Last Will %v after the kill", time.Since(t0).Round(100*time.Millisecond))
 	renewed := s.leaseRenewTime()
-	waitFor(t, lifecycleGrace+30*time.Second, "the node NotReady in the API", func() (bool, string) {
+	within(lifecycleGrace+30*time.Second).For(t, "the node NotReady in the API", func() (bool, string) {
 		st, msg := s.nodeReadyStatus()
 		return st != "" && st != corev1.ConditionTrue, msg
 	})
@@ -105,7 +105,7 @@ func TestMQTTAgentKilled(t *testing.T) {
 	n.start()
 	s.nodeReady(60 * time.Second)
 	s.apiPodRunning("while-away", 60*time.Second)
-	waitFor(t, 60*time.Second, "steady-b stopped and deleted", func() (bool, string) {
+	within(60*time.Second).For(t, "steady-b stopped and deleted", func() (bool, string) {
 		if _, err := s.adm.pod("steady-b"); !apierrors.IsNotFound(err) {
 			return false, fmt.Sprint("in the API: ", err)
 		}
@@ -138,7 +138,7 @@ func TestMQTTHalfOpenLink(t *testing.T) {
 	s.apiPodRunning("flip", 60*time.Second)
 	s.apiPodRunning("steady", 60*time.Second)
 	before := containerIDs(t, n, "flip", "steady")
-	waitFor(t, 10*time.Second, "an empty journal", func() (bool, string) {
+	within(10*time.Second).For(t, "an empty journal", func() (bool, string) {
 		st := mustStatus(t, n)
 		return st.JournalBacklog == 0, fmt.Sprint("backlog ", st.JournalBacklog)
 	})
@@ -151,7 +151,7 @@ func TestMQTTHalfOpenLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.waitPod("flip", 15*time.Second, "not ready on the node", func(p *agent.PodInfo) bool { return !ready(p) })
-	waitFor(t, 3*nodeKeepalive+2*time.Second, "the agent's link down", func() (bool, string) {
+	within(3*nodeKeepalive+2*time.Second).For(t, "the agent's link down", func() (bool, string) {
 		st := mustStatus(t, n)
 		return st.Agent != nil && st.Agent.Link != nil && !st.Agent.Link.Connected, asJSON(st.Agent)
 	})
@@ -172,7 +172,7 @@ func TestMQTTHalfOpenLink(t *testing.T) {
 	t1 := time.Now()
 	waitLog(t, n.logPath(), connected, 3*nodeKeepalive, "the agent connected again after the link came back", `msg="mqtt broker connected"`)
 	t.Logf("connected again %v after the link came back", time.Since(t1).Round(100*time.Millisecond))
-	waitFor(t, 30*time.Second, "flip NotReady in the API", func() (bool, string) {
+	within(30*time.Second).For(t, "flip NotReady in the API", func() (bool, string) {
 		p, err := s.adm.pod("flip")
 		if err != nil {
 			return false, err.Error()
@@ -224,7 +224,7 @@ func TestMQTTBrokerRestarts(t *testing.T) {
 	if after := containerIDs(t, n, all...); asJSON(after) != asJSON(before) {
 		t.Errorf("containers changed across the broker's loss of its disk: %v -> %v", before, after)
 	}
-	waitFor(t, 30*time.Second, "an empty journal", func() (bool, string) {
+	within(30*time.Second).For(t, "an empty journal", func() (bool, string) {
 		st := mustStatus(t, n)
 		return st.JournalBacklog == 0, fmt.Sprint("backlog ", st.JournalBacklog)
 	})
@@ -234,7 +234,7 @@ func TestMQTTBrokerRestarts(t *testing.T) {
 	s.killBridge()
 	renewed := s.leaseRenewTime()
 	s.startBridge()
-	waitFor(t, 30*time.Second, "the Lease renewed by a bridge started after the wipe", func() (bool, string) {
+	within(30*time.Second).For(t, "the Lease renewed by a bridge started after the wipe", func() (bool, string) {
 		r := s.leaseRenewTime()
 		return r.After(renewed), fmt.Sprint("renewed at ", r)
 	})
@@ -243,7 +243,7 @@ func TestMQTTBrokerRestarts(t *testing.T) {
 	seen := len(s.api.AuditEvents(t))
 	s.broker.Stop(t)
 	t0 := time.Now()
-	waitFor(t, 10*time.Second, "the agent's link down", func() (bool, string) {
+	within(10*time.Second).For(t, "the agent's link down", func() (bool, string) {
 		st := mustStatus(t, n)
 		return st.Agent != nil && st.Agent.Link != nil && !st.Agent.Link.Connected, asJSON(st.Agent)
 	})
@@ -278,7 +278,7 @@ func TestMQTTBrokerRestarts(t *testing.T) {
 		if final[name] {
 			want = corev1.ConditionTrue
 		}
-		waitFor(t, 90*time.Second, fmt.Sprintf("%s Ready=%s in the API", name, want), func() (bool, string) {
+		within(90*time.Second).For(t, fmt.Sprintf("%s Ready=%s in the API", name, want), func() (bool, string) {
 			p, err := s.adm.pod(name)
 			if err != nil {
 				return false, err.Error()
@@ -288,7 +288,7 @@ func TestMQTTBrokerRestarts(t *testing.T) {
 	}
 	t.Logf("the API server had the final state %v after the broker came back", time.Since(t1).Round(100*time.Millisecond))
 	s.nodeReady(30 * time.Second)
-	waitFor(t, 30*time.Second, "an empty journal", func() (bool, string) {
+	within(30*time.Second).For(t, "an empty journal", func() (bool, string) {
 		st := mustStatus(t, n)
 		return st.JournalBacklog == 0, fmt.Sprint("backlog ", st.JournalBacklog)
 	})
@@ -380,7 +380,7 @@ func TestMQTTBridgeRestartAndRefusedMessages(t *testing.T) {
 	setCtl(t, ctl, "web", true)
 	s.adm.create("pods", apiPod("acl-control", n.name, "while true; do sleep 1; done"))
 	s.apiPodRunning("acl-control", 60*time.Second)
-	waitFor(t, 30*time.Second, "web NotReady in the API", func() (bool, string) {
+	within(30*time.Second).For(t, "web NotReady in the API", func() (bool, string) {
 		p, err := s.adm.pod("web")
 		if err != nil {
 			return false, err.Error()
@@ -399,7 +399,7 @@ func TestMQTTBridgeRestartAndRefusedMessages(t *testing.T) {
 		t.Errorf("the bridge saw another node's forged status (%d log lines)", c)
 	}
 	setCtl(t, ctl, "web", false)
-	waitFor(t, 30*time.Second, "web Ready in the API", func() (bool, string) {
+	within(30*time.Second).For(t, "web Ready in the API", func() (bool, string) {
 		p, err := s.adm.pod("web")
 		if err != nil {
 			return false, err.Error()
@@ -465,13 +465,13 @@ func TestMQTTBridgeRestartAndRefusedMessages(t *testing.T) {
 	s.startBridge()
 	s.apiPodRunning("new-1", 60*time.Second)
 	s.apiPodRunning("new-2", 60*time.Second)
-	waitFor(t, 60*time.Second, "gone stopped and deleted", func() (bool, string) {
+	within(60*time.Second).For(t, "gone stopped and deleted", func() (bool, string) {
 		if _, err := s.adm.pod("gone"); !apierrors.IsNotFound(err) {
 			return false, fmt.Sprint("in the API: ", err)
 		}
 		return findPod(mustStatus(t, n), "gone") == nil, "still on the node"
 	})
-	waitFor(t, 30*time.Second, "web NotReady in the API", func() (bool, string) {
+	within(30*time.Second).For(t, "web NotReady in the API", func() (bool, string) {
 		p, err := s.adm.pod("web")
 		if err != nil {
 			return false, err.Error()
@@ -644,7 +644,7 @@ func logCount(t *testing.T, path string, subs ...string) int {
 // every one of subs.
 func waitLog(t *testing.T, path string, after int, timeout time.Duration, what string, subs ...string) {
 	t.Helper()
-	waitFor(t, timeout, what, func() (bool, string) {
+	within(timeout).For(t, what, func() (bool, string) {
 		c := logCount(t, path, subs...)
 		return c > after, fmt.Sprintf("%d lines with %q in %s", c, subs, filepath.Base(path))
 	})

@@ -152,7 +152,7 @@ func (s *mqttSetup) balanced(timeout time.Duration, ids ...string) map[int]strin
 	s.t.Helper()
 	var h map[int]string
 	lo, hi := replicaShards/len(ids), (replicaShards+len(ids)-1)/len(ids)
-	waitFor(s.t, timeout, fmt.Sprintf("the %d shards held by %v, %d to %d each", replicaShards, ids, lo, hi), func() (bool, string) {
+	within(timeout).For(s.t, fmt.Sprintf("the %d shards held by %v, %d to %d each", replicaShards, ids, lo, hi), func() (bool, string) {
 		h = s.shardHolders()
 		count := map[string]int{}
 		for _, id := range h {
@@ -227,7 +227,7 @@ func (w *nodeWatch) finish() (map[string]time.Duration, []string) {
 func (s *mqttSetup) leaseRenewedSince(name string, t time.Time, timeout time.Duration) time.Duration {
 	s.t.Helper()
 	var at time.Time
-	waitFor(s.t, timeout, "node "+name+"'s Lease renewed by the replica it moved to", func() (bool, string) {
+	within(timeout).For(s.t, "node "+name+"'s Lease renewed by the replica it moved to", func() (bool, string) {
 		ctx, cancel := s.adm.ctx()
 		defer cancel()
 		var l coordv1.Lease
@@ -321,7 +321,7 @@ func startFleet(t testing.TB, api *env.APIServer, broker *env.MosquittoTLS, args
 // fleet that ended before it fails the test.
 func (f *fleet) waitLine(t testing.TB, sub string, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, "fleetsim says "+sub, func() (bool, string) {
+	within(timeout).For(t, "fleetsim says "+sub, func() (bool, string) {
 		b, _ := os.ReadFile(f.stderr)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		if !strings.Contains(string(b), sub) {
@@ -438,7 +438,7 @@ func TestMQTTBridgeReplicas(t *testing.T) {
 	if moved > 15*time.Second {
 		t.Errorf("the killed replica's nodes had their Leases renewed %v after the kill, want within 15 s", moved)
 	}
-	waitFor(t, 30*time.Second, "ctl NotReady in the API (its status sent during the move)", func() (bool, string) {
+	within(30*time.Second).For(t, "ctl NotReady in the API (its status sent during the move)", func() (bool, string) {
 		p, err := s.adm.pod("ctl")
 		if err != nil {
 			return false, err.Error()

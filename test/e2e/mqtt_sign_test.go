@@ -120,7 +120,7 @@ func TestMQTTSignedDesiredState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("delete pod gone: %v", err)
 	}
-	waitFor(t, 60*time.Second, "pod gone stopped and removed from the node", func() (bool, string) {
+	within(60*time.Second).For(t, "pod gone stopped and removed from the node", func() (bool, string) {
 		return findPod(mustStatus(t, n), "gone") == nil, "still on the node"
 	})
 	replays := logCount(t, logs, logReplay, goneTopic)

@@ -146,7 +146,7 @@ func (s *mqttSetup) killBridge() {
 func (s *mqttSetup) nodeReady(timeout time.Duration) *corev1.Node {
 	s.t.Helper()
 	var n corev1.Node
-	waitFor(s.t, timeout, "node "+s.node.name+" Ready in the API", func() (bool, string) {
+	within(timeout).For(s.t, "node "+s.node.name+" Ready in the API", func() (bool, string) {
 		ctx, cancel := s.adm.ctx()
 		defer cancel()
 		if err := s.adm.core.Get().Resource("nodes").Name(s.node.name).Do(ctx).Into(&n); err != nil {
@@ -167,7 +167,7 @@ func (s *mqttSetup) nodeReady(timeout time.Duration) *corev1.Node {
 func (s *mqttSetup) apiPodRunning(name string, timeout time.Duration) *corev1.Pod {
 	s.t.Helper()
 	var p *corev1.Pod
-	waitFor(s.t, timeout, "pod "+name+" Running and Ready in the API", func() (bool, string) {
+	within(timeout).For(s.t, "pod "+name+" Running and Ready in the API", func() (bool, string) {
 		var err error
 		if p, err = s.adm.pod(name); err != nil {
 			return false, err.Error()
@@ -268,7 +268,7 @@ func TestMQTTNodePodsThroughBridge(t *testing.T) {
 	sa.Spec.AutomountServiceAccountToken = nil
 	sa.Spec.RestartPolicy = corev1.RestartPolicyNever
 	s.adm.create("pods", sa)
-	waitFor(t, 60*time.Second, "with-token Running with its token", func() (bool, string) {
+	within(60*time.Second).For(t, "with-token Running with its token", func() (bool, string) {
 		p, err := s.adm.pod("with-token")
 		if err != nil {
 			return false, err.Error()
@@ -314,7 +314,7 @@ func TestMQTTNodePodsThroughBridge(t *testing.T) {
 
 	// kubectl delete: stopped on the node, gone from the API.
 	s.api.Kubectl(t, "delete", "pod", "web", "--wait=false")
-	waitFor(t, 60*time.Second, "pod web gone from the node and the API", func() (bool, string) {
+	within(60*time.Second).For(t, "pod web gone from the node and the API", func() (bool, string) {
 		st, err := n.status()
 		if err != nil {
 			return false, err.Error()

@@ -269,22 +269,20 @@ func findPod(s agent.Status, name string) *agent.PodInfo {
 // timeout, and returns the pod.
 func (n *node) waitPod(name string, timeout time.Duration, what string, cond func(p *agent.PodInfo) bool) *agent.PodInfo {
 	n.t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last *agent.PodInfo
-	for time.Now().Before(deadline) {
+	within(timeout).For(n.t, "pod "+name+" "+what, func() (bool, string) {
 		if s, err := n.status(); err == nil && s.From == "agent" {
 			if p := findPod(s, name); p != nil {
 				last = p
 				if p.Status != nil && p.Synced && cond(p) {
-					return p
+					return true, ""
 				}
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	js, _ := json.MarshalIndent(last, "", "  ")
-	n.t.Fatalf("pod %s: not %s within %v; last seen:\n%s", name, what, timeout, js)
-	return nil
+		js, _ := json.MarshalIndent(last, "", "  ")
+		return false, "\n" + string(js)
+	})
+	return last
 }
 
 func running(p *agent.PodInfo) bool {

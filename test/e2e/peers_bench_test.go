@@ -185,7 +185,7 @@ func peersDeletePods(b *testing.B, admin *kube.Client, node string) {
 	if err := admin.Core.Delete().Namespace("default").Resource("pods").VersionedParams(opts, metav1.ParameterCodec).Do(ctx).Error(); err != nil {
 		b.Fatalf("delete pods: %v", err)
 	}
-	benchWait(b, 2*time.Minute, "the pods deleted", func() (bool, string) {
+	within(2*time.Minute).For(b, "the pods deleted", func() (bool, string) {
 		var list corev1.PodList
 		if err := admin.Core.Get().Resource("pods").VersionedParams(opts, metav1.ParameterCodec).Do(ctx).Into(&list); err != nil {
 			return false, err.Error()
@@ -197,7 +197,7 @@ func peersDeletePods(b *testing.B, admin *kube.Client, node string) {
 // peersWaitNodeReady waits for the node to register and be Ready.
 func peersWaitNodeReady(b *testing.B, admin *kube.Client, name string) {
 	b.Helper()
-	benchWait(b, 2*time.Minute, "node "+name+" Ready", func() (bool, string) {
+	within(2*time.Minute).For(b, "node "+name+" Ready", func() (bool, string) {
 		var node corev1.Node
 		if err := admin.Core.Get().Resource("nodes").Name(name).Do(b.Context()).Into(&node); err != nil {
 			return false, err.Error()
@@ -313,7 +313,7 @@ func peersStartPods(b *testing.B, admin *kube.Client, node, prefix string, gap t
 func peersWaitReady(b *testing.B, admin *kube.Client, node, prefix string) {
 	b.Helper()
 	selector := fields.OneTermEqualSelector("spec.nodeName", node).String()
-	benchWait(b, 2*time.Minute, "every pod ready", func() (bool, string) {
+	within(2*time.Minute).For(b, "every pod ready", func() (bool, string) {
 		var list corev1.PodList
 		if err := admin.Core.Get().Resource("pods").VersionedParams(&metav1.ListOptions{FieldSelector: selector}, metav1.ParameterCodec).Do(b.Context()).Into(&list); err != nil {
 			return false, err.Error()

@@ -116,16 +116,10 @@ func TestE2EStaticPodLifecycle(t *testing.T) {
 	// A removed file stops its pod and removes its containers.
 	os.Remove(filepath.Join(n.manifests, "crash.yaml"))
 	deadline := time.Now().Add(20 * time.Second)
-	for {
+	within(20*time.Second).For(t, "the pod of a removed manifest gone from the status", func() (bool, string) {
 		s, err := n.status()
-		if err == nil && findPod(s, "crash-e2e-life") == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("pod of a removed manifest still listed after 20 s")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil && findPod(s, "crash-e2e-life") == nil, fmt.Sprintf("status error %v", err)
+	})
 	for time.Now().Before(deadline) {
 		if !strings.Contains(run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls", "-q"), "-main-") ||
 			!strings.Contains(run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls", "-q"), "crash") {

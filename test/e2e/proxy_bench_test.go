@@ -341,7 +341,7 @@ func (c *pbCluster) grow(b *testing.B, n int) {
 		// The API server learns of the new ServiceCIDR from a watch: the
 		// first Service in it may be refused for a moment. The probe has
 		// an index no other Service uses.
-		benchWait(b, 30*time.Second, "a Service in the bench ServiceCIDR", func() (bool, string) {
+		within(30*time.Second).For(b, "a Service in the bench ServiceCIDR", func() (bool, string) {
 			err := c.cl.Core.Post().Namespace(pbNamespace).Resource("services").Body(pbService(pbProbe)).Do(b.Context()).Error()
 			return err == nil, fmt.Sprint(err)
 		})
@@ -580,7 +580,7 @@ func (c *pbCluster) kubeProxyRun(b *testing.B, bin string, n, first int, row *pb
 	// The cold sync: kube-proxy syncs once it has listed Services and
 	// EndpointSlices; that first sync is full.
 	var cold pbHist
-	benchWait(b, pbColdTimeout, "kube-proxy's first full sync", func() (bool, string) {
+	within(pbColdTimeout).For(b, "kube-proxy's first full sync", func() (bool, string) {
 		if kp.exited() {
 			b.Fatalf("kube-proxy exited; log:\n%s", kp.tail(40))
 		}
@@ -911,7 +911,7 @@ func BenchmarkAgentRSS10kServices(b *testing.B) {
 
 	start := time.Now()
 	node := startBenchNode(b, "bench-rss", c.api)
-	benchWait(b, 10*time.Minute, fmt.Sprintf("%d services in the agent's store", n), func() (bool, string) {
+	within(10*time.Minute).For(b, fmt.Sprintf("%d services in the agent's store", n), func() (bool, string) {
 		s, err := node.status()
 		if err != nil {
 			return false, err.Error()

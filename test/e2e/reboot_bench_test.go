@@ -14,6 +14,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -98,20 +99,13 @@ func writeRebootPods(b *testing.B, dir, started string) {
 // dir, polling every 10 ms.
 func waitStarted(b *testing.B, dir string, timeout time.Duration) {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	waittest.Poll{Timeout: timeout, Every: 10 * time.Millisecond}.For(b, fmt.Sprintf("%d containers started", peersPods), func() (bool, string) {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(ents) >= peersPods {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d containers started within %v", len(ents), peersPods, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(ents) >= peersPods, fmt.Sprintf("%d started", len(ents))
+	})
 }
 
 // clearStarted empties the directory of start marks.

@@ -326,7 +326,7 @@ func TestServicesStandalone(t *testing.T) {
 		reachAll(t, n.netns, "10.43.0.80", webA, webB)
 	})
 	t.Run("cluster IP from a pod", func(t *testing.T) {
-		waitFor(t, 30*time.Second, "the client pod reaching both backends", func() (bool, string) {
+		within(30*time.Second).For(t, "the client pod reaching both backends", func() (bool, string) {
 			lines := clientLog(t, out)
 			seen := map[string]bool{}
 			for _, l := range lines {
@@ -340,7 +340,7 @@ func TestServicesStandalone(t *testing.T) {
 	t.Run("a pod reaches itself through its Service", func(t *testing.T) {
 		// Without the hairpin masquerade the pod would answer itself
 		// from its own address, which its client never asked.
-		waitFor(t, 30*time.Second, "the self pod answering itself", func() (bool, string) {
+		within(30*time.Second).For(t, "the self pod answering itself", func() (bool, string) {
 			lines := clientLog(t, selfOut)
 			ok := 0
 			for _, l := range lines {
@@ -474,7 +474,7 @@ func TestServicesAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	vip := svc.Spec.ClusterIP
-	waitFor(t, 90*time.Second, "two ready endpoints in the API", func() (bool, string) {
+	within(90*time.Second).For(t, "two ready endpoints in the API", func() (bool, string) {
 		out := api.Kubectl(t, "get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o",
 			`jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready}{"\n"}{end}`)
 		return strings.Count(out, " true") == 2, out
@@ -486,7 +486,7 @@ func TestServicesAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.waitPod("web-b", 30*time.Second, "not ready", func(p *agent.PodInfo) bool { return !ready(p) })
-	waitFor(t, 10*time.Second, "web-b out of the service", func() (bool, string) {
+	within(10*time.Second).For(t, "web-b out of the service", func() (bool, string) {
 		for range 10 {
 			if name, _, code := who(n.netns, vip); code != 0 || name != "web-a" {
 				return false, fmt.Sprintf("%q, exit %d", name, code)
@@ -494,7 +494,7 @@ func TestServicesAPI(t *testing.T) {
 		}
 		return true, ""
 	})
-	waitFor(t, 30*time.Second, "web-b not ready in the API's slice", func() (bool, string) {
+	within(30*time.Second).For(t, "web-b not ready in the API's slice", func() (bool, string) {
 		out := api.Kubectl(t, "get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o",
 			`jsonpath={range .items[*].endpoints[*]}{.targetRef.name} {.conditions.ready}{"\n"}{end}`)
 		return strings.Contains(out, "web-b false"), out

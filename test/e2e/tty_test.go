@@ -204,11 +204,5 @@ func (n *node) stdinWriters(id string) int {
 // id open for writing.
 func (n *node) waitStdinWriter(id string, timeout time.Duration) {
 	n.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for n.stdinWriters(id) == 0 {
-		if time.Now().After(deadline) {
-			n.t.Fatalf("agent does not hold the stdin FIFO of %s open for writing after %v", id, timeout)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	within(timeout).Until(n.t, "the agent to hold the stdin FIFO of "+id+" open for writing", func() bool { return n.stdinWriters(id) > 0 })
 }

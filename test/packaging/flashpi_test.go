@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
 // The tests below run scripts/flash-pi.sh on synthetic Raspberry Pi OS
@@ -711,15 +713,10 @@ func attachLoop(t *testing.T, img string, readOnly bool) *loopDev {
 	if _, err := os.Stat(d.part(1)); err != nil {
 		exec.Command("partx", "--add", d.name).Run()
 	}
-	for i := 0; ; i++ {
-		if _, err := os.Stat(d.part(1)); err == nil {
-			break
-		}
-		if i == 50 {
-			t.Fatalf("no partition device %s", d.part(1))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waittest.Poll{Timeout: 5 * time.Second, Every: 100 * time.Millisecond}.For(t, "partition device "+d.part(1), func() (bool, string) {
+		_, err := os.Stat(d.part(1))
+		return err == nil, fmt.Sprint(err)
+	})
 	return d
 }
 

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -239,31 +240,34 @@ func (n *podNode) waitRunning(t *testing.T, bin string, a *agentProc) *agent.Pod
 	t.Helper()
 	name := "sleeper-" + upgradeNode
 	var last *agent.PodInfo
-	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	lastSeen := func() (bool, string) {
+		js, _ := json.MarshalIndent(last, "", "  ")
+		return false, "\n" + string(js)
+	}
+	waittest.Poll{Timeout: 90 * time.Second, Every: 200 * time.Millisecond}.For(t, "pod "+name+" running", func() (bool, string) {
 		if a.exited() {
 			t.Fatalf("the agent exited (%v) before pod %s ran", a.cmd.ProcessState, name)
 		}
 		out, err := exec.Command(bin, "status", "-o", "json", "--config", n.cfg).Output()
 		var s agent.Status
 		if err != nil || json.Unmarshal(out, &s) != nil || s.From != "agent" {
-			continue
+			return lastSeen()
 		}
 		i := slices.IndexFunc(s.Pods, func(p agent.PodInfo) bool { return p.Name == name })
 		if i < 0 {
-			continue
+			return lastSeen()
 		}
 		last = &s.Pods[i]
 		if !slices.Contains(n.uids, last.UID) {
 			n.uids = append(n.uids, last.UID)
 		}
-		if st := last.Status; last.Synced && st != nil && st.Phase == corev1.PodRunning && len(st.ContainerStatuses) == 1 &&
-			st.ContainerStatuses[0].State.Running != nil {
-			return last
+		st := last.Status
+		if last.Synced && st != nil && st.Phase == corev1.PodRunning && len(st.ContainerStatuses) == 1 && st.ContainerStatuses[0].State.Running != nil {
+			return true, ""
 		}
-	}
-	js, _ := json.MarshalIndent(last, "", "  ")
-	t.Fatalf("pod %s not running within 90 s; last seen:\n%s", name, js)
-	return nil
+		return lastSeen()
+	})
+	return last
 }
 
 // taskPID returns the PID of the running task of the container the

@@ -142,7 +142,7 @@ func StartAPIServer(t testing.TB) *APIServer {
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "e2e="+peerURL, "--log-level", "warn", "--unsafe-no-fsync")
-	waitFor(t, etcd, 30*time.Second, func() error { return httpOK(http.DefaultClient, etcdURL+"/health", "") })
+	waitReady(t, etcd, 30*time.Second, func() error { return httpOK(http.DefaultClient, etcdURL+"/health", "") })
 
 	a.etcd = etcd
 	// kube-apiserver
@@ -209,7 +209,7 @@ func (a *APIServer) Start(t testing.TB) {
 	caPool := x509.NewCertPool()
 	caPool.AddCert(a.CA.Cert)
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig(caPool)}}
-	waitFor(t, a.proc, 90*time.Second, func() error { return httpOK(client, a.URL+"/readyz", AdminToken) })
+	waitReady(t, a.proc, 90*time.Second, func() error { return httpOK(client, a.URL+"/readyz", AdminToken) })
 }
 
 // Stop stops kube-apiserver (etcd keeps running): clients see refused

@@ -153,7 +153,7 @@ func (c *Containerd) start(t testing.TB) *containerd.Client {
 	p := start(t, c.dir, "containerd", args...)
 	c.proc = p
 	var client *containerd.Client
-	waitFor(t, p, 30*time.Second, func() error {
+	waitReady(t, p, 30*time.Second, func() error {
 		if _, err := os.Stat(c.Address); err != nil {
 			return err
 		}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/outpost-edge/outpost/agent/cgroups"
+	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
 // ToolsDir returns where build-tools.sh put the control-plane and registry
@@ -156,21 +157,19 @@ func (p *process) exited() bool {
 	}
 }
 
-// waitFor polls ready until it returns nil, the process exits, or timeout.
-func waitFor(t testing.TB, p *process, timeout time.Duration, ready func() error) {
+// waitReady polls ready until it returns nil, the process exits, or timeout.
+func waitReady(t testing.TB, p *process, timeout time.Duration, ready func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = ready(); err == nil {
-			return
+	waittest.Poll{Timeout: timeout, Every: 100 * time.Millisecond}.For(t, p.name+" ready", func() (bool, string) {
+		err := ready()
+		if err == nil {
+			return true, ""
 		}
 		if p.exited() {
 			t.Fatalf("%s exited before it was ready (%v); log:\n%s", p.name, p.cmd.ProcessState, tail(p.log, 40))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s not ready after %v: %v; log:\n%s", p.name, timeout, err, tail(p.log, 40))
+		return false, fmt.Sprintf("%v; log:\n%s", err, tail(p.log, 40))
+	})
 }
 
 func tail(path string, n int) string {

@@ -136,7 +136,7 @@ func StartMetricsServer(t testing.TB, api *APIServer, listenIP string) *MetricsS
 	})
 	api.Kubectl(t, "apply", "-f", manifest)
 
-	waitFor(t, p, 90*time.Second, func() error {
+	waitReady(t, p, 90*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", api.Kubeconfig, "get", "apiservice", "v1beta1.metrics.k8s.io", "-o",

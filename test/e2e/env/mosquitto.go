@@ -44,7 +44,7 @@ func StartMosquitto(t testing.TB) *Mosquitto {
 	m := &Mosquitto{Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	m.URL = "tcp://" + m.Addr
 	p := start(t, dir, "mosquitto", bin, "-c", cfgPath)
-	waitFor(t, p, 15*time.Second, func() error {
+	waitReady(t, p, 15*time.Second, func() error {
 		c, err := net.DialTimeout("tcp", m.Addr, time.Second)
 		if err == nil {
 			c.Close()
@@ -215,7 +215,7 @@ func (m *MosquittoTLS) Start(t testing.TB) {
 	m.starts++
 	probe := m.TLSConfig(t, "outpost:env-probe")
 	m.proc = start(t, m.dir, name, m.bin, "-c", m.ConfigFile)
-	waitFor(t, m.proc, 15*time.Second, func() error { return mqttConnect(m.Addr, probe) })
+	waitReady(t, m.proc, 15*time.Second, func() error { return mqttConnect(m.Addr, probe) })
 }
 
 // Stop stops the broker cleanly (SIGTERM, then it saves its persistence

@@ -65,7 +65,7 @@ http:
 	}
 	r.proc = start(t, dir, "registry", bin, "serve", cfgPath)
 	client := &http.Client{Timeout: 2 * time.Second}
-	waitFor(t, r.proc, 30*time.Second, func() error { return httpOK(client, r.URL+"/v2/", "") })
+	waitReady(t, r.proc, 30*time.Second, func() error { return httpOK(client, r.URL+"/v2/", "") })
 	return r
 }
 
