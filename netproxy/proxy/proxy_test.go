@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/netproxy/servicemodel"
@@ -421,20 +422,12 @@ func TestSyncBadHostPortKeepsServices(t *testing.T) {
 	checkDNATs(t, "hostPort with a bad host IP", f, tcp(netip.MustParseAddr("198.51.100.1"), nodeIP, 30081), "accept")
 }
 
-// eventually polls cond until it holds, calling step (if any) before each
-// poll, or fails the test after 10 s.
+// eventually polls cond every millisecond until it holds, calling step
+// (if any, to move a fake clock) between looks, or fails the test after
+// 10 s.
 func eventually(t *testing.T, what string, step func(), cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		if step != nil {
-			step()
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waittest.Poll{Timeout: 10 * time.Second, Every: time.Millisecond, Between: step}.Until(t, what, cond)
 }
 
 // run starts p.Run and returns a function that cancels it and waits for
