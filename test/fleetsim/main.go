@@ -34,6 +34,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -279,6 +280,22 @@ loop:
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// When the statuses never seen were published, by 10 s of the run,
+	// and a few of them: where to look in the bridges' logs.
+	if len(f.pending) > 0 {
+		buckets := map[int]int{}
+		var some []string
+		for key, pd := range f.pending {
+			buckets[int(pd.at.Sub(start)/(10*time.Second))*10]++
+			if len(some) < 10 {
+				some = append(some, fmt.Sprintf("%s (seq %d at %s)", key, pd.seq, pd.at.UTC().Format("15:04:05.000")))
+			}
+		}
+		for _, b := range slices.Sorted(maps.Keys(buckets)) {
+			f.log.Info("statuses not seen, by when they were published", "second", b, "count", buckets[b])
+		}
+		f.log.Info("statuses not seen, some", "pods", strings.Join(some, ", "))
+	}
 	slices.Sort(f.lags)
 	r := &Report{
 		Nodes: c.nodes, Pods: c.nodes * c.pods, Seconds: elapsed.Seconds(),
