@@ -254,7 +254,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 // unmapEvery is how often the bridge unmaps its stores' pages
 // (store.Unmap): a node's store is read through once when the node starts
 // or its pods change, and little between.
-const unmapEvery = 30 * time.Second
+const unmapEvery = 10 * time.Second
 
 // unmapStores unmaps the pages of every store (the nodes' and the
 // cluster's) every unmapEvery until ctx ends, so the bridge's RSS holds

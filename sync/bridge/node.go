@@ -163,7 +163,7 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	log := b.log.With("node", name)
 	// The pods come from the bridge's PodsFeed (one watch for all the
 	// nodes); this Syncer watches the config maps and secrets they use.
-	n.pods, err = kube.New(kube.Config{NodeName: name, Loops: kube.LoopRefs},
+	n.pods, err = kube.New(kube.Config{NodeName: name, Loops: kube.LoopRefs, Offload: true},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log})
 	if err != nil {
 		st.Close()
@@ -172,7 +172,7 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	labels := map[string]string{LabelTransport: "mqtt"}
 	maps.Copy(labels, b.cfg.Labels)
 	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst,
-		StatusAfterPodsListed: true},
+		StatusAfterPodsListed: true, Offload: true},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log, NodeFacts: n.nodeFacts})
 	if err != nil {
 		st.Close()

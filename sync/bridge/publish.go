@@ -84,7 +84,12 @@ func (p *publisher) loop(ctx context.Context) {
 			continue
 		}
 		if conn != nil {
-			if err := p.pass(ctx, conn); err != nil {
+			// The pass on a goroutine that ends with it: this one waits
+			// most of the time, for each of thousands of nodes, and keeps
+			// the small stack of a wait (as sync/kube's Config.Offload).
+			var err error
+			offload(func() { err = p.pass(ctx, conn) })
+			if err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -105,6 +110,16 @@ func (p *publisher) loop(ctx context.Context) {
 		case <-tick:
 		}
 	}
+}
+
+// offload runs f on a goroutine of its own and returns when f has.
+func offload(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
 }
 
 // listedPoll is how often a publisher looks whether its store was

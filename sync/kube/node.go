@@ -46,7 +46,8 @@ func (s *Syncer) runNode(ctx context.Context) {
 		if s.waitPresent(ctx) != nil {
 			return
 		}
-		err := n.connect(ctx)
+		var err error
+		s.offload(func() { err = n.connect(ctx) })
 		if err == nil {
 			b.Reset()
 			err = n.keepAlive(ctx)
@@ -113,6 +114,19 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The Lease first: it is what says the node is alive, and a bridge
+	// replica taking over a thousand nodes at once has each renew it one
+	// round of requests sooner.
+	if err := n.s.writes.wait(ctx); err != nil {
+		return err
+	}
+	err = n.renewLease(ctx)
+	if errors.Is(err, errLeaseGone) {
+		err = n.renewLease(ctx) // the Node was looked at just above
+	}
+	if err != nil {
+		return err
+	}
 	if !created {
 		// The node controller may have marked the Node Unknown while we
 		// were away: ensureNode compared with what the Node holds, and
@@ -125,16 +139,6 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 			}
 			n.noteStatusErr(err)
 		}
-	}
-	if err := n.s.writes.wait(ctx); err != nil {
-		return err
-	}
-	err = n.renewLease(ctx)
-	if errors.Is(err, errLeaseGone) {
-		err = n.renewLease(ctx) // the Node was looked at just above
-	}
-	if err != nil {
-		return err
 	}
 	n.up()
 	n.s.setNodeSynced()
@@ -161,30 +165,37 @@ func (n *nodeLoop) keepAlive(ctx context.Context) error {
 			continue
 		case <-tick.C():
 		}
-		err := n.writeStatus(ctx, false)
-		if apierrors.IsNotFound(err) {
-			// The Node was deleted under us: register it again.
-			err = n.reregister(ctx)
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil {
-			n.noteStatusErr(err)
-		}
-		err = n.renewLease(ctx)
-		if errors.Is(err, errLeaseGone) {
-			// The garbage collector deletes the Lease with its Node.
-			if err := n.reregister(ctx); err != nil {
-				return err
-			}
-			err = n.renewLease(ctx)
-		}
+		var err error
+		n.s.offload(func() { err = n.beat(ctx) })
 		if err != nil {
 			return err
 		}
 		n.up()
 	}
+}
+
+// beat sends the status when it is due and renews the Lease.
+func (n *nodeLoop) beat(ctx context.Context) error {
+	err := n.writeStatus(ctx, false)
+	if apierrors.IsNotFound(err) {
+		// The Node was deleted under us: register it again.
+		err = n.reregister(ctx)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		n.noteStatusErr(err)
+	}
+	err = n.renewLease(ctx)
+	if errors.Is(err, errLeaseGone) {
+		// The garbage collector deletes the Lease with its Node.
+		if err := n.reregister(ctx); err != nil {
+			return err
+		}
+		err = n.renewLease(ctx)
+	}
+	return err
 }
 
 // reregister makes sure the Node exists and, when it was there already,

@@ -151,34 +151,36 @@ func (s *Syncer) runRefs(ctx context.Context) {
 	}()
 	swept := false
 	for {
-		want, err := s.wantedRefs()
-		if err != nil {
-			// Start what is known to be wanted; stop nothing on a
-			// partial read.
-			s.log.Warn("read stored pods for their config maps and secrets", "err", err)
-		} else {
-			var stop []podRef
-			for r, w := range watches {
-				if _, ok := want[r]; !ok {
-					w.cancel()
-					stop = append(stop, r)
+		s.offload(func() {
+			want, err := s.wantedRefs()
+			if err != nil {
+				// Start what is known to be wanted; stop nothing on a
+				// partial read.
+				s.log.Warn("read stored pods for their config maps and secrets", "err", err)
+			} else {
+				var stop []podRef
+				for r, w := range watches {
+					if _, ok := want[r]; !ok {
+						w.cancel()
+						stop = append(stop, r)
+					}
+				}
+				for _, r := range stop {
+					<-watches[r].done
+					delete(watches, r)
+					s.dropRef(r)
+				}
+				if !swept {
+					s.sweepRefs(want)
+					swept = true
 				}
 			}
-			for _, r := range stop {
-				<-watches[r].done
-				delete(watches, r)
-				s.dropRef(r)
+			for r := range want {
+				if _, ok := watches[r]; !ok {
+					watches[r] = s.startRefWatch(ctx, r)
+				}
 			}
-			if !swept {
-				s.sweepRefs(want)
-				swept = true
-			}
-		}
-		for r := range want {
-			if _, ok := watches[r]; !ok {
-				watches[r] = s.startRefWatch(ctx, r)
-			}
-		}
+		})
 		select {
 		case <-ctx.Done():
 			return

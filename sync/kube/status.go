@@ -84,7 +84,9 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 		if err := s.waitNodeSynced(ctx); err != nil {
 			return
 		}
-		again, err := d.pass(ctx)
+		var again bool
+		var err error
+		s.offload(func() { again, err = d.pass(ctx) })
 		if ctx.Err() != nil {
 			return
 		}

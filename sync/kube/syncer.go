@@ -34,6 +34,12 @@ type Config struct {
 	// when they are listed by someone else (the bridge's PodsFeed): a
 	// status of a pod the store does not hold yet would be dropped.
 	StatusAfterPodsListed bool
+	// Offload has each loop do its work (requests, store reads) on a
+	// goroutine of its own that ends with it, for a Syncer that is one of
+	// thousands in a process (the bridge's, per node): a loop's own
+	// goroutine, idle most of the time, then keeps the small stack of a
+	// wait, not the largest its requests ever grew it to.
+	Offload bool
 	// LeaseDuration is the Lease's leaseDurationSeconds (default 40 s);
 	// it is renewed every RenewInterval (default 10 s).
 	LeaseDuration time.Duration
@@ -191,6 +197,21 @@ func (s *Syncer) Run(ctx context.Context) error {
 	parts[0](ctx)
 	wg.Wait()
 	return nil
+}
+
+// offload runs f, on a goroutine of its own when Config.Offload is set,
+// and returns when f has.
+func (s *Syncer) offload(f func()) {
+	if !s.cfg.Offload {
+		f()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
 }
 
 // SetPresent says whether the node is there. A node that is away has its
