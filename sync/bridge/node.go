@@ -195,7 +195,13 @@ func (n *node) runAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	if n.b.feed != nil {
 		defer n.b.feed.Remove(n.name)
-		wg.Go(func() { n.b.feed.Add(ctx, n.name, n.st) })
+		wg.Go(func() {
+			// The list wrote the node's every pod: its pages go from the
+			// bridge's RSS at once, not at the next unmapStores.
+			if n.b.feed.Add(ctx, n.name, n.st) == nil {
+				n.st.Unmap()
+			}
+		})
 	}
 	wg.Go(func() { n.pods.Run(ctx) })
 	wg.Go(func() {

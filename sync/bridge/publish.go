@@ -88,7 +88,14 @@ func (p *publisher) loop(ctx context.Context) {
 			// most of the time, for each of thousands of nodes, and keeps
 			// the small stack of a wait (as sync/kube's Config.Offload).
 			var err error
-			offload(func() { err = p.pass(ctx, conn) })
+			offload(func() {
+				err = p.pass(ctx, conn)
+				if p.scope == mqtt.ScopeNode {
+					// A pass reads the node's every object; few are read
+					// again before its next (store.Unmap).
+					p.st.Unmap()
+				}
+			})
 			if err != nil {
 				if ctx.Err() != nil {
 					return
