@@ -258,7 +258,9 @@ const unmapEvery = 10 * time.Second
 
 // unmapStores unmaps the pages of every store (the nodes' and the
 // cluster's) every unmapEvery until ctx ends, so the bridge's RSS holds
-// what it read lately, not every page of a store per node.
+// what it read lately, not every page of a store per node; it also
+// forgets the pod statuses heard of nodes not served once they are older
+// than recentKeep.
 func (b *Bridge) unmapStores(ctx context.Context, cluster *store.Store) {
 	t := b.deps.Clock.NewTicker(unmapEvery)
 	defer t.Stop()
@@ -274,6 +276,10 @@ func (b *Bridge) unmapStores(ctx context.Context, cluster *store.Store) {
 			if n.st != nil {
 				stores = append(stores, n.st)
 			}
+		}
+		now := b.deps.Clock.Now()
+		for _, h := range b.heard {
+			h.pruneRecent(now)
 		}
 		b.mu.Unlock()
 		for _, st := range stores {
@@ -626,7 +632,7 @@ func (b *Bridge) handle(m mqtt.Message) {
 	}
 	// A node this replica does not serve is another's; what it says of
 	// itself is kept all the same, for a take-over.
-	b.hear(t, m.Payload)
+	b.hear(t, m.Topic, m.Payload)
 	n := b.ensureNode(t.Node)
 	if n == nil {
 		return

@@ -7,11 +7,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/outpost-edge/outpost/internal/waittest"
@@ -179,7 +181,7 @@ func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
 // messages again (at fleet size those came too late, and the nodes moved
 // went NotReady).
 func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
-	b, _, _ := testBridge(t)
+	b, _, clk := testBridge(t)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not here", http.StatusServiceUnavailable)
 	}))
@@ -222,6 +224,21 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 	b.handle(status(2, "new"))
 	b.handle(status(1, "old")) // late, and older: not kept
 	b.handle(mqtt.Message{Topic: mqtt.OnlineTopic(name), Payload: []byte(mqtt.OnlineTrue)})
+	// A pod status the node published while no replica served it (its
+	// shard changing hands), and one heard too long ago.
+	podStatus := func(pod string, gen uint64) mqtt.Message {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: pod, UID: types.UID("uid-" + pod)},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		body, err := p.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := mqtt.Envelope{Kind: "Pod", Generation: gen, Encoding: mqtt.EncodingProtobuf, Body: body}
+		return mqtt.Message{Topic: mqtt.PodStatusTopic(name, "default", pod), Payload: e.Marshal()}
+	}
+	b.handle(podStatus("old", 7))
+	clk.Advance(recentKeep + time.Second)
+	b.handle(podStatus("web", 8))
 	if len(b.nodes) != 0 {
 		t.Fatalf("a node of a shard not held was started: %v", b.nodes)
 	}
@@ -244,6 +261,15 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 	}
 	if got := n.nodeFacts().Labels["v"]; got != "new" {
 		t.Errorf("the node taken over started from status %q, want the newest heard", got)
+	}
+	var keys []string
+	if es, err := n.st.Pending(0, 0); err == nil {
+		for _, e := range es {
+			keys = append(keys, e.Key)
+		}
+	}
+	if !slices.Equal(keys, []string{"pod/default/web"}) {
+		t.Errorf("journal of the node taken over: %q, want the pod status heard lately (not the one heard too long ago)", keys)
 	}
 
 	// A lost broker connection forgets the flags heard on it.

@@ -69,11 +69,55 @@ type heard struct {
 	// generation.
 	status []byte
 	gen    uint64
+	// recent are the pod statuses heard in the last recentKeep while
+	// this replica did not serve the node, by topic: what the node said
+	// while its shard was changing hands, which the replica that takes
+	// it applies (the broker's retained copies, read again then, did not
+	// bring them in the fleet benchmark).
+	recent map[string]recentStatus
+}
+
+// recentStatus is a pod status heard, and when.
+type recentStatus struct {
+	payload []byte
+	at      time.Time
+}
+
+// recentKeep is how long the pod statuses of a node not served are
+// kept: longer than a dead replica's shards take to move.
+const recentKeep = 3 * LeaseDuration
+
+// pruneRecent drops what is older than recentKeep; b.mu is held.
+func (h *heard) pruneRecent(now time.Time) {
+	for topic, r := range h.recent {
+		if now.Sub(r.at) > recentKeep {
+			delete(h.recent, topic)
+		}
+	}
 }
 
 // hear records a node's online flag or Node status (t is its topic),
-// served or not.
-func (b *Bridge) hear(t mqtt.Topic, payload []byte) {
+// served or not, and its pod statuses while it is not served.
+func (b *Bridge) hear(t mqtt.Topic, topic string, payload []byte) {
+	if t.Status == "pods" {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.nodes[t.Node] != nil {
+			return // served: applied as it comes
+		}
+		h := b.heard[t.Node]
+		if h == nil {
+			h = &heard{}
+			b.heard[t.Node] = h
+		}
+		if h.recent == nil {
+			h.recent = map[string]recentStatus{}
+		}
+		now := b.deps.Clock.Now()
+		h.pruneRecent(now)
+		h.recent[topic] = recentStatus{payload: bytes.Clone(payload), at: now}
+		return
+	}
 	var gen uint64
 	if t.Status == "node" {
 		e, err := mqtt.UnmarshalEnvelope(payload)
@@ -131,6 +175,17 @@ func (b *Bridge) ensureNode(name string) *node {
 	if h.known {
 		n.setOnline(h.online, false)
 	}
+	// What it said of its pods while another replica served it, or none
+	// did; a newer status that comes later wins (generations).
+	h.pruneRecent(b.deps.Clock.Now())
+	for topic, r := range h.recent {
+		if t, err := mqtt.ParseTopic(topic); err == nil {
+			if err := n.podStatus(t, topic, r.payload); err != nil {
+				b.log.Warn("pod status heard before the node was served; dropped", "topic", topic, "err", err)
+			}
+		}
+	}
+	h.recent = nil
 	ctx, cancel := context.WithCancel(b.run)
 	n.cancel, n.done = cancel, make(chan struct{})
 	b.wg.Go(func() {
