@@ -411,6 +411,15 @@ func (f *fleet) watch(ctx context.Context, started chan<- error) {
 				continue
 			}
 			rv = list.ResourceVersion
+			if !first {
+				// What was written while the watch was away is seen in the
+				// list.
+				f.log.Info("pods watch listed again", "resourceVersion", rv)
+				now := time.Now()
+				for i := range list.Items {
+					f.sawStatus(&list.Items[i], now)
+				}
+			}
 		}
 		w, err := f.client.Core.Get().Namespace(f.c.namespace).Resource("pods").
 			VersionedParams(&metav1.ListOptions{Watch: true, ResourceVersion: rv, AllowWatchBookmarks: true}, metav1.ParameterCodec).Watch(ctx)
@@ -429,6 +438,7 @@ func (f *fleet) watch(ctx context.Context, started chan<- error) {
 		for ev := range w.ResultChan() {
 			p, ok := ev.Object.(*corev1.Pod)
 			if ev.Type == watch.Error || !ok {
+				f.log.Info("pods watch ended", "event", ev.Type, "object", fmt.Sprintf("%T", ev.Object))
 				rv = ""
 				break
 			}
