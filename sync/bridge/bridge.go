@@ -297,16 +297,27 @@ func (b *Bridge) owns(name string) bool {
 
 // gainShard starts serving shard i: the nodes of it heard of on the
 // broker (from what was heard of them) and those the API server knows,
-// then reads what the broker retains of the nodes heard of; shard 0
-// also runs the cluster publisher. The sharder's goroutine calls it.
+// then reads what the broker retains of the nodes heard too little of;
+// shard 0 also runs the cluster publisher. The sharder's goroutine calls it.
 func (b *Bridge) gainShard(i int) {
 	b.mu.Lock()
 	b.held[i] = true
 	ctx := b.run
-	var names []string
-	for name := range b.heard {
+	// The nodes heard of start at once, from what was heard of them;
+	// what the broker retains is read again only of those of which this
+	// replica heard too little (no Node status or online flag). Reading
+	// it again for every node taken (30,000 retained statuses for 1,000
+	// nodes) overran the broker's queue for the bridge
+	// (max_queued_messages), which then dropped them and live statuses
+	// of other nodes alike; the pod statuses of the move are what was
+	// heard lately (heard.recent).
+	var names, unknown []string
+	for name, h := range b.heard {
 		if ShardOf(name, b.cfg.Shards) == i {
 			names = append(names, name)
+			if h.status == nil || !h.known {
+				unknown = append(unknown, name)
+			}
 		}
 	}
 	b.mu.Unlock()
@@ -322,16 +333,15 @@ func (b *Bridge) gainShard(i int) {
 	b.wg.Go(func() { b.adoptNodes(ctx) })
 	if len(names) > 0 {
 		b.wg.Go(func() {
-			// The nodes heard of start at once, from what was heard of
-			// them, then read what the broker retains of them (their
-			// pods' statuses).
 			for _, name := range names {
 				if ctx.Err() != nil {
 					return
 				}
 				b.ensureNode(name)
 			}
-			b.reread(ctx, names)
+			if len(unknown) > 0 {
+				b.reread(ctx, unknown)
+			}
 		})
 	}
 }
