@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -14,11 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 
 	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/store"
-	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
@@ -182,19 +177,9 @@ func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
 // went NotReady).
 func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 	b, _, clk := testBridge(t)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	withAPI(t, b, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not here", http.StatusServiceUnavailable)
 	}))
-	defer srv.Close()
-	client, err := kube.NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.deps.Client = client
-	b.cfg.Dir = t.TempDir()
-	if err := os.MkdirAll(filepath.Join(b.cfg.Dir, "nodes"), 0o700); err != nil {
-		t.Fatal(err)
-	}
 	b.cfg.Shards, b.held, b.heard = 2, map[int]bool{}, map[string]*heard{}
 	ctx, cancel := context.WithCancel(context.Background())
 	b.run = ctx

@@ -96,6 +96,17 @@ func (h *heard) pruneRecent(now time.Time) {
 	}
 }
 
+// heardOf returns what was heard of node name, an empty record at first;
+// b.mu is held.
+func (b *Bridge) heardOf(name string) *heard {
+	h := b.heard[name]
+	if h == nil {
+		h = &heard{}
+		b.heard[name] = h
+	}
+	return h
+}
+
 // hear records a node's online flag or Node status (t is its topic),
 // served or not, and its pod statuses while it is not served.
 func (b *Bridge) hear(t mqtt.Topic, topic string, payload []byte) {
@@ -105,11 +116,7 @@ func (b *Bridge) hear(t mqtt.Topic, topic string, payload []byte) {
 		if b.nodes[t.Node] != nil {
 			return // served: applied as it comes
 		}
-		h := b.heard[t.Node]
-		if h == nil {
-			h = &heard{}
-			b.heard[t.Node] = h
-		}
+		h := b.heardOf(t.Node)
 		if h.recent == nil {
 			h.recent = map[string]recentStatus{}
 		}
@@ -130,11 +137,7 @@ func (b *Bridge) hear(t mqtt.Topic, topic string, payload []byte) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	h := b.heard[t.Node]
-	if h == nil {
-		h = &heard{}
-		b.heard[t.Node] = h
-	}
+	h := b.heardOf(t.Node)
 	if t.Online {
 		h.online, h.known = string(payload) == mqtt.OnlineTrue, true
 	} else if gen >= h.gen {
@@ -153,11 +156,7 @@ func (b *Bridge) ensureNode(name string) *node {
 	if n := b.nodes[name]; n != nil {
 		return n
 	}
-	h := b.heard[name]
-	if h == nil {
-		h = &heard{}
-		b.heard[name] = h
-	}
+	h := b.heardOf(name)
 	if !b.owns(name) {
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/backoff"
 	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
@@ -86,9 +87,9 @@ func (p *publisher) loop(ctx context.Context) {
 		if conn != nil {
 			// The pass on a goroutine that ends with it: this one waits
 			// most of the time, for each of thousands of nodes, and keeps
-			// the small stack of a wait (as sync/kube's Config.Offload).
+			// the small stack of a wait (kube.Offload).
 			var err error
-			offload(func() {
+			kube.Offload(func() {
 				err = p.pass(ctx, conn)
 				if p.scope == mqtt.ScopeNode {
 					// A pass reads the node's every object; few are read
@@ -117,16 +118,6 @@ func (p *publisher) loop(ctx context.Context) {
 		case <-tick:
 		}
 	}
-}
-
-// offload runs f on a goroutine of its own and returns when f has.
-func offload(f func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	<-done
 }
 
 // listedPoll is how often a publisher looks whether its store was

@@ -121,13 +121,10 @@ func (ls *leaseServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(out)
 }
 
-// shardTest is a replica's sharder over a leaseServer, its bridge
-// serving no node (the API server has none).
-func shardTest(t *testing.T, shards int) (*sharder, *leaseServer) {
+// withAPI gives b an API server (h) and a scratch directory.
+func withAPI(t *testing.T, b *Bridge, h http.Handler) {
 	t.Helper()
-	b, st, _ := testBridge(t)
-	ls := &leaseServer{leases: map[string]*coordv1.Lease{}}
-	srv := httptest.NewServer(ls)
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	client, err := kube.NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
 	if err != nil {
@@ -138,6 +135,15 @@ func shardTest(t *testing.T, shards int) (*sharder, *leaseServer) {
 	if err := os.MkdirAll(filepath.Join(b.cfg.Dir, "nodes"), 0o700); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// shardTest is a replica's sharder over a leaseServer, its bridge
+// serving no node (the API server has none).
+func shardTest(t *testing.T, shards int) (*sharder, *leaseServer) {
+	t.Helper()
+	b, st, _ := testBridge(t)
+	ls := &leaseServer{leases: map[string]*coordv1.Lease{}}
+	withAPI(t, b, ls)
 	b.cfg.Shards, b.cfg.Identity, b.cfg.Namespace = shards, "bridge-a", "outpost-system"
 	b.cluster = &publisher{b: b, scope: mqtt.ScopeCluster, st: st, wake: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -206,6 +206,13 @@ func (s *Syncer) offload(f func()) {
 		f()
 		return
 	}
+	Offload(f)
+}
+
+// Offload runs f on a goroutine of its own and returns when f has: a
+// goroutine that waits most of the time, one of thousands, then keeps
+// the small stack of a wait, not the largest f grew it to.
+func Offload(f func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
