@@ -5,11 +5,14 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outpost-edge/outpost/internal/clock"
 )
 
 // User is an authenticated client.
@@ -33,6 +36,55 @@ type Reviewer interface {
 	// node; reason explains a denial.
 	Authorize(ctx context.Context, u User, verb, subresource, node string) (allowed bool, reason string, err error)
 }
+
+// GuardConfig says whom a Guard lets in.
+type GuardConfig struct {
+	// ClientCAs verify client certificates; nil accepts none.
+	ClientCAs *x509.CertPool
+	// Anonymous lets requests without credentials in as
+	// system:anonymous (they are still authorized).
+	Anonymous bool
+	// LocalGroups are the groups whose certificate users are authorized
+	// when the API server cannot be asked.
+	LocalGroups []string
+}
+
+// GuardDeps are a Guard's collaborators; Clock and Log are required.
+type GuardDeps struct {
+	// Reviewer is nil when nobody can be asked (standalone).
+	Reviewer Reviewer
+	Clock    clock.Clock
+	Log      *slog.Logger
+}
+
+// Guard authenticates and authorizes kubelet API requests as kubelet
+// does, for the agent's own API and for the bridge, which serves it for
+// its MQTT nodes with the same rules.
+type Guard struct {
+	cfg       GuardConfig
+	deps      GuardDeps
+	clientCAs *x509.CertPool
+	tokens    ttlCache[tokenResult]
+	decisions ttlCache[decision]
+}
+
+// NewGuard returns a Guard.
+func NewGuard(cfg GuardConfig, deps GuardDeps) *Guard {
+	return &Guard{cfg: cfg, deps: deps, clientCAs: cfg.ClientCAs}
+}
+
+// Check authenticates r and authorizes it on node's kubelet API. status
+// is 0 when r may go on, else 401, 403 or 500 with msg to answer.
+func (s *Guard) Check(r *http.Request, node string) (status int, msg string) {
+	u, status, msg := s.authenticate(r)
+	if status != 0 {
+		return status, msg
+	}
+	return s.authorize(r, u, node)
+}
+
+// LoadClientCAs reads a PEM file of client certificate authorities.
+func LoadClientCAs(path string) (*x509.CertPool, error) { return loadClientCAs(path) }
 
 // Cache lifetimes, kubelet's defaults for its webhook authenticator and
 // authorizer; stale decisions stand in while the API server is away.
@@ -98,7 +150,7 @@ type decision struct {
 // authenticate names the request's user: a client certificate that
 // verifies against the client CA, else a bearer token the API server
 // accepts, else anonymous when allowed. status is 0, or 401 with msg.
-func (s *Server) authenticate(r *http.Request) (u User, status int, msg string) {
+func (s *Guard) authenticate(r *http.Request) (u User, status int, msg string) {
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && s.clientCAs != nil {
 		certs := r.TLS.PeerCertificates
 		inter := x509.NewCertPool()
@@ -129,7 +181,7 @@ func (s *Server) authenticate(r *http.Request) (u User, status int, msg string) 
 	return u, http.StatusUnauthorized, "Unauthorized"
 }
 
-func (s *Server) authenticateToken(ctx context.Context, token string) (User, int, string) {
+func (s *Guard) authenticateToken(ctx context.Context, token string) (User, int, string) {
 	if s.deps.Reviewer == nil {
 		return User{}, http.StatusUnauthorized, "bearer tokens need the API server, and the agent runs standalone"
 	}
@@ -204,14 +256,14 @@ func fineGrained(path string) string {
 
 // authorize says whether u may make request r. status is 0, or 403 with
 // msg, or 500 when nobody can be asked and u cannot be trusted locally.
-func (s *Server) authorize(r *http.Request, u User) (status int, msg string) {
+func (s *Guard) authorize(r *http.Request, u User, node string) (status int, msg string) {
 	verb, sub := attributes(r)
 	if fg := fineGrained(r.URL.Path); fg != "" {
-		if ok, _ := s.allowed(r.Context(), u, verb, fg); ok {
+		if ok, _ := s.allowed(r.Context(), u, verb, fg, node); ok {
 			return 0, ""
 		}
 	}
-	ok, reason := s.allowed(r.Context(), u, verb, sub)
+	ok, reason := s.allowed(r.Context(), u, verb, sub, node)
 	if ok {
 		return 0, ""
 	}
@@ -227,7 +279,7 @@ func (s *Server) authorize(r *http.Request, u User) (status int, msg string) {
 // failing that, only a certificate user in one of the local groups is
 // let in, so an operator with an admin certificate can still debug an
 // offline node while tokens fail closed.
-func (s *Server) allowed(ctx context.Context, u User, verb, sub string) (bool, string) {
+func (s *Guard) allowed(ctx context.Context, u User, verb, sub, node string) (bool, string) {
 	local := u.FromCert && slices.ContainsFunc(u.Groups, func(g string) bool { return slices.Contains(s.cfg.LocalGroups, g) })
 	if s.deps.Reviewer == nil {
 		if local {
@@ -235,13 +287,13 @@ func (s *Server) allowed(ctx context.Context, u User, verb, sub string) (bool, s
 		}
 		return false, "the agent runs standalone: only client certificates of the groups in server.localGroups are authorized"
 	}
-	key := strings.Join([]string{u.Name, u.UID, strings.Join(u.Groups, ","), verb, sub}, "\x00")
+	key := strings.Join([]string{node, u.Name, u.UID, strings.Join(u.Groups, ","), verb, sub}, "\x00")
 	now := s.deps.Clock.Now()
 	e, fresh, found := s.decisions.get(key, now)
 	if fresh {
 		return e.val.allowed, e.val.reason
 	}
-	ok, reason, err := s.deps.Reviewer.Authorize(ctx, u, verb, sub, s.cfg.NodeName)
+	ok, reason, err := s.deps.Reviewer.Authorize(ctx, u, verb, sub, node)
 	if err != nil {
 		s.deps.Log.Warn("kubelet api: subject access review failed", "user", u.Name, "err", err)
 		if found && now.Sub(e.seen) < staleAllowance {

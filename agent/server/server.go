@@ -8,7 +8,6 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -69,12 +68,10 @@ type Deps struct {
 
 // Server is the kubelet-style HTTPS API.
 type Server struct {
-	cfg       Config
-	deps      Deps
-	clientCAs *x509.CertPool
-	tokens    ttlCache[tokenResult]
-	decisions ttlCache[decision]
-	mux       *http.ServeMux
+	cfg   Config
+	deps  Deps
+	guard *Guard
+	mux   *http.ServeMux
 }
 
 // New checks cfg and returns a server; it listens on nothing yet.
@@ -86,13 +83,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		cfg.StreamIdleTimeout = 4 * time.Hour
 	}
 	s := &Server{cfg: cfg, deps: deps}
+	gc := GuardConfig{Anonymous: cfg.Anonymous, LocalGroups: cfg.LocalGroups}
 	if cfg.ClientCAFile != "" {
 		pool, err := loadClientCAs(cfg.ClientCAFile)
 		if err != nil {
 			return nil, err
 		}
-		s.clientCAs = pool
+		gc.ClientCAs = pool
 	}
+	s.guard = NewGuard(gc, GuardDeps{Reviewer: deps.Reviewer, Clock: deps.Clock, Log: deps.Log})
 	s.routes()
 	return s, nil
 }
@@ -158,17 +157,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, cert tls.Certificat
 
 // ServeHTTP authenticates and authorizes the request, then serves it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	u, status, msg := s.authenticate(r)
-	if status != 0 {
-		http.Error(w, msg, status)
-		return
-	}
-	if status, msg := s.authorize(r, u); status != 0 {
+	if status, msg := s.guard.Check(r, s.cfg.NodeName); status != 0 {
 		http.Error(w, msg, status)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// Authorized serves requests that someone this node trusts already
+// authenticated and authorized: the bridge, for a node it reaches over
+// MQTT (the tunnel's frames come only from the bridge).
+func (s *Server) Authorized() http.Handler { return s.mux }
 
 // Node is what the server reads and drives on the node. agent implements
 // it over its pod workers and runtime.
