@@ -138,3 +138,15 @@ func loadClientCAs(path string) (*x509.CertPool, error) {
 	}
 	return pool, nil
 }
+
+// SelfSigned makes a self-signed serving certificate for name, valid for
+// hosts (names and IP addresses): the bridge's, which it makes at every
+// start.
+func SelfSigned(name string, hosts []string, now time.Time) (tls.Certificate, error) {
+	names, ips := splitHosts(hosts)
+	certPEM, keyPEM, err := selfSigned(name, names, ips, now)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("self-signed serving certificate: %w", err)
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
+}

@@ -183,6 +183,9 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 				log.Error("kubelet api stopped", "err", err)
 			}
 		})
+		if msync != nil && msync.tunnel != nil {
+			ps.start(ctx, func(ctx context.Context) { serveTunnel(ctx, msync.tunnel, api.srv.Authorized(), log) })
+		}
 	}
 	if images != nil {
 		images.onImport = a.WakePods

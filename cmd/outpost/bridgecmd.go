@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/rest"
 
+	"github.com/outpost-edge/outpost/agent/server"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/sync/bridge"
@@ -110,6 +114,9 @@ func runBridge(ctx context.Context, args []string, stderr io.Writer) error {
 			log.Warn("replicas without mqtt.signingKeyFile: a node that moves to another replica has its tokens requested and its Secrets sent again")
 		}
 	}
+	if bc.Kubelet, err = bridgeKubeletAPI(cfg.KubeletAPI, client, log); err != nil {
+		return usageError{err}
+	}
 	b, err := bridge.New(bc, bridge.Deps{Client: client, Dial: dial, Clock: clock.Real{}, Log: log})
 	if err != nil {
 		return err
@@ -180,4 +187,34 @@ func writeNewFile(path string, data []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+// bridgeKubeletAPI is the kubelet API the bridge serves for its nodes,
+// when kubeletAPI.address is set: agent/server's Guard lets requests in
+// as the agent does, asking the API server with the bridge's client.
+func bridgeKubeletAPI(k config.BridgeKubeletAPI, client *kube.Client, log *slog.Logger) (bridge.KubeletAPI, error) {
+	if k.Address == "" {
+		return bridge.KubeletAPI{}, nil
+	}
+	var cert tls.Certificate
+	var err error
+	if k.TLSCertFile != "" {
+		if cert, err = tls.LoadX509KeyPair(k.TLSCertFile, k.TLSKeyFile); err != nil {
+			return bridge.KubeletAPI{}, fmt.Errorf("kubeletAPI.tlsCertFile %s: %w", k.TLSCertFile, err)
+		}
+	} else if cert, err = server.SelfSigned("outpost-bridge", []string{k.Address}, time.Now()); err != nil {
+		return bridge.KubeletAPI{}, fmt.Errorf("kubeletAPI: %w", err)
+	}
+	cas, err := server.LoadClientCAs(k.ClientCAFile)
+	if err != nil {
+		return bridge.KubeletAPI{}, fmt.Errorf("kubeletAPI.clientCAFile: %w", err)
+	}
+	guard := server.NewGuard(server.GuardConfig{ClientCAs: cas},
+		server.GuardDeps{Reviewer: reviewer{client}, Clock: clock.Real{}, Log: log.With("part", "kubelet-api")})
+	first, last := k.PortRange()
+	log.Info("serving the kubelet api of mqtt nodes", "address", k.Address, "ports", k.Ports)
+	return bridge.KubeletAPI{
+		Address: k.Address, Listen: k.Listen, FirstPort: first, LastPort: last,
+		Certificate: cert, Check: guard.Check, IdleTimeout: k.IdleTimeout(),
+	}, nil
 }

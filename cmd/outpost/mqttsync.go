@@ -7,21 +7,28 @@ import (
 	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/config"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
+	"github.com/outpost-edge/outpost/sync/mqtt/tunnel"
 )
 
 // mqttSync is the MQTT sync and the byte counter of its connections.
 type mqttSync struct {
 	*mqtt.Syncer
 	wire *mqtt.ByteCounter
+	// tunnel brings the kubelet API requests the bridge carries over
+	// MQTT; nil when the node serves no kubelet API (server.address).
+	tunnel *tunnel.Listener
 }
 
 // newMQTTSync reads the mqtt section's files and returns the MQTT sync,
@@ -81,11 +88,22 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 		log.Error("mqtt: no seal key, so no sealed Secret can be opened here", "err", err)
 		seal = nil
 	}
+	ms := &mqttSync{wire: wire}
+	var tun mqtt.Tunnel
+	if cfg.Server.Address != "" {
+		ms.tunnel = tunnel.NewListener(tunnel.Config{
+			Publish:    func(ctx context.Context, frame []byte) error { return ms.PublishFrame(ctx, frame) },
+			Clock:      clk,
+			Log:        log.With("component", "mqtt-tunnel"),
+			MaxStreams: m.MaxStreams,
+		})
+		tun = ms.tunnel
+	}
 	s, err := mqtt.New(mqtt.Config{
 		NodeName: cfg.NodeName, Broker: m.Brokers[0], KeepAlive: m.KeepaliveDuration(), MaxMessageBytes: m.MaxMessageBytes,
 		TrustedKeys: keys, SealKey: seal,
 	}, mqtt.Deps{
-		Dial: dial, Store: st, Clock: clk, Log: log.With("component", "mqtt"), Wire: wire,
+		Dial: dial, Store: st, Clock: clk, Log: log.With("component", "mqtt"), Wire: wire, Tunnel: tun,
 		NodeFacts: func() mqtt.NodeFacts {
 			f := facts()
 			return mqtt.NodeFacts{Labels: f.Labels, Status: f.Status}
@@ -94,7 +112,30 @@ func newMQTTSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	if err != nil {
 		return nil, err
 	}
-	return &mqttSync{Syncer: s, wire: wire}, nil
+	ms.Syncer = s
+	return ms, nil
+}
+
+// serveTunnel serves h, the kubelet API the bridge already let the
+// request into, on the streams the bridge opens over MQTT, until ctx
+// ends.
+func serveTunnel(ctx context.Context, ln *tunnel.Listener, h http.Handler, log *slog.Logger) {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	<-ctx.Done()
+	srv.Close()
+	ln.Close()
+	<-done
 }
 
 // mqttPassword reads mqtt.passwordFile, if set.

@@ -3,8 +3,10 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -29,6 +31,44 @@ type Bridge struct {
 	Log Log `json:"log"`
 	// Replicas splits the nodes among several bridges.
 	Replicas Replicas `json:"replicas"`
+	// KubeletAPI serves the MQTT nodes' kubelet API, so kubectl logs,
+	// exec, attach, port-forward and top reach them (docs/mqtt.md).
+	KubeletAPI BridgeKubeletAPI `json:"kubeletAPI"`
+}
+
+// BridgeKubeletAPI is the kubelet API the bridge serves for its nodes:
+// one port each, which the node's Node names with the bridge's address.
+type BridgeKubeletAPI struct {
+	// Address is the IP address the API server reaches this bridge at
+	// (a replica's pod IP); empty serves no kubelet API.
+	Address string `json:"address"`
+	// Listen is the address the ports are bound on; empty is Address.
+	Listen string `json:"listen"`
+	// Ports are the ports for nodes, "FIRST-LAST", one per node.
+	Ports string `json:"ports"`
+	// TLSCertFile and TLSKeyFile are the serving certificate; empty
+	// makes a self-signed one at every start.
+	TLSCertFile string `json:"tlsCertFile"`
+	TLSKeyFile  string `json:"tlsKeyFile"`
+	// ClientCAFile holds the CAs of the client certificates that
+	// authenticate (the API server's --kubelet-client-certificate);
+	// tokens are checked with TokenReviews, and every request is
+	// authorized with a SubjectAccessReview, as kubelet does.
+	ClientCAFile string `json:"clientCAFile"`
+	// StreamIdleTimeout ends a stream idle that long (4h, kubelet's).
+	StreamIdleTimeout string `json:"streamIdleTimeout"`
+}
+
+// PortRange returns Ports as numbers (valid after LoadBridge).
+func (k BridgeKubeletAPI) PortRange() (first, last int) {
+	fmt.Sscanf(k.Ports, "%d-%d", &first, &last)
+	return first, last
+}
+
+// IdleTimeout returns StreamIdleTimeout (valid after LoadBridge).
+func (k BridgeKubeletAPI) IdleTimeout() time.Duration {
+	d, _ := time.ParseDuration(k.StreamIdleTimeout)
+	return d
 }
 
 // Replicas says how bridge replicas share the fleet: the nodes are
@@ -49,11 +89,12 @@ type Replicas struct {
 // DefaultBridge returns the bridge's configuration with every default.
 func DefaultBridge() Bridge {
 	return Bridge{
-		MQTT:     MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, ClientID: "outpost-bridge", TrustedKeys: []string{}},
-		StateDir: "/var/cache/outpost-bridge",
-		Labels:   map[string]string{},
-		API:      API{WriteQPS: 20, WriteBurst: 40},
-		Log:      Log{Level: "info", Format: "text"},
+		MQTT:       MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, ClientID: "outpost-bridge", TrustedKeys: []string{}, MaxStreams: 16},
+		StateDir:   "/var/cache/outpost-bridge",
+		Labels:     map[string]string{},
+		API:        API{WriteQPS: 20, WriteBurst: 40},
+		Log:        Log{Level: "info", Format: "text"},
+		KubeletAPI: BridgeKubeletAPI{Ports: "20000-29999", StreamIdleTimeout: "4h"},
 	}
 }
 
@@ -112,6 +153,27 @@ func ParseBridge(name string, data []byte) (Bridge, error) {
 	if id := cfg.Replicas.Identity; id != "" {
 		if errs := validation.IsDNS1123Subdomain(id); len(errs) > 0 {
 			bad("replicas.identity", "%q is not a DNS-1123 subdomain (it names a Lease): %s", id, errs[0])
+		}
+	}
+	if k := cfg.KubeletAPI; k.Address != "" {
+		if net.ParseIP(k.Address) == nil {
+			bad("kubeletAPI.address", "%q is not an IP address", k.Address)
+		}
+		if k.Listen != "" && net.ParseIP(k.Listen) == nil {
+			bad("kubeletAPI.listen", "%q is not an IP address", k.Listen)
+		}
+		var first, last int
+		if n, err := fmt.Sscanf(k.Ports, "%d-%d", &first, &last); n != 2 || err != nil || first < 1 || last > 65535 || first > last || fmt.Sprintf("%d-%d", first, last) != k.Ports {
+			bad("kubeletAPI.ports", "%q is not a range of ports FIRST-LAST (such as 20000-29999)", k.Ports)
+		}
+		if (k.TLSCertFile == "") != (k.TLSKeyFile == "") {
+			bad("kubeletAPI.tlsCertFile", "and tlsKeyFile go together")
+		}
+		if k.ClientCAFile == "" {
+			bad("kubeletAPI.clientCAFile", "is empty: the API server's kubelet client certificate could not be checked")
+		}
+		if d, err := time.ParseDuration(k.StreamIdleTimeout); err != nil || d < time.Second {
+			bad("kubeletAPI.streamIdleTimeout", "%q is not a duration of at least 1s", k.StreamIdleTimeout)
 		}
 	}
 	if cfg.API.WriteQPS <= 0 || cfg.API.WriteQPS > 1000 {

@@ -121,6 +121,10 @@ type MQTT struct {
 	// `outpost bridge keygen`): it signs every desired envelope. A
 	// bridge's setting.
 	SigningKeyFile string `json:"signingKeyFile"`
+	// MaxStreams is how many kubelet API streams (kubectl logs, exec,
+	// port-forward) the bridge may have open to the node over MQTT at
+	// once; more are refused. A node's setting.
+	MaxStreams int `json:"maxStreams"`
 }
 
 // Enabled reports whether the node syncs through MQTT.
@@ -222,7 +226,7 @@ func Default() Config {
 		ContainerLogMaxSize:  "10Mi",
 		ContainerLogMaxFiles: 5,
 		Node:                 Node{Labels: map[string]string{}, Taints: []Taint{}, MaxPods: 110},
-		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, TrustedKeys: []string{}},
+		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, TrustedKeys: []string{}, MaxStreams: 16},
 		API:                  API{WriteQPS: 20, WriteBurst: 40},
 		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4, CgroupParent: "/outpost"},
 		Network: Network{
@@ -544,6 +548,9 @@ func (m MQTT) validate(bad func(string, string, ...any), withAPI bool) {
 	}
 	if m.MaxMessageBytes < 1024 || m.MaxMessageBytes > 256<<20 {
 		bad("mqtt.maxMessageBytes", "%d is not between 1024 and 268435456", m.MaxMessageBytes)
+	}
+	if m.MaxStreams < 1 || m.MaxStreams > 1024 {
+		bad("mqtt.maxStreams", "%d is not between 1 and 1024", m.MaxStreams)
 	}
 	seen := map[string]bool{}
 	for i, k := range m.TrustedKeys {

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +24,7 @@ import (
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
+	"github.com/outpost-edge/outpost/sync/mqtt/tunnel"
 )
 
 // LabelTransport marks the Nodes the bridge keeps: outpost.io/transport=mqtt.
@@ -58,6 +61,9 @@ type Config struct {
 	Shards    int
 	Namespace string
 	Identity  string
+	// Kubelet, with an Address, has the bridge serve its nodes' kubelet
+	// API (kubelet.go).
+	Kubelet KubeletAPI
 }
 
 func (c *Config) setDefaults() {
@@ -132,6 +138,13 @@ type Bridge struct {
 	clusterStop func()
 	// feed watches the pods of every node served, with one watch.
 	feed *kube.PodsFeed
+	// tunnel carries the kubelet API to the nodes, over tunnelTransport;
+	// ports are the nodes' kubelet API ports at this bridge, and
+	// knownPorts those their Nodes had (Config.Kubelet).
+	tunnel          *tunnel.Dialer
+	tunnelTransport *http.Transport
+	ports           map[int]string
+	knownPorts      map[string]int
 }
 
 // Stats are the bridge's counters.
@@ -155,6 +168,17 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 			return nil, errors.New("sync/bridge: shards need a namespace for their Leases")
 		}
 	}
+	if k := cfg.Kubelet; k.enabled() {
+		if net.ParseIP(k.Address) == nil {
+			return nil, fmt.Errorf("sync/bridge: kubelet api address %q: not an IP address", k.Address)
+		}
+		if k.FirstPort <= 0 || k.LastPort > 65535 || k.FirstPort > k.LastPort {
+			return nil, fmt.Errorf("sync/bridge: kubelet api ports %d-%d: not a range of ports", k.FirstPort, k.LastPort)
+		}
+		if k.Check == nil || len(k.Certificate.Certificate) == 0 {
+			return nil, errors.New("sync/bridge: the kubelet api needs a check and a serving certificate")
+		}
+	}
 	if deps.Log == nil {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
@@ -163,6 +187,11 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
 		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
 		held: map[int]bool{}, heard: map[string]*heard{},
+		ports: map[int]string{}, knownPorts: map[string]int{},
+	}
+	if cfg.Kubelet.enabled() {
+		b.tunnel = b.newTunnel()
+		b.tunnelTransport = b.newTunnelTransport()
 	}
 	if cfg.Signer != nil {
 		b.own = mqtt.NewKeyring(cfg.Signer.Public())
@@ -244,9 +273,15 @@ func (b *Bridge) Run(ctx context.Context) error {
 	<-ctx.Done()
 	b.wg.Wait()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, n := range b.nodes {
+	nodes := slices.Collect(maps.Values(b.nodes))
+	b.mu.Unlock()
+	for _, n := range nodes {
+		b.closeFront(n)
 		n.st.Close()
+	}
+	if b.tunnel != nil {
+		b.tunnel.Close()
+		b.tunnelTransport.CloseIdleConnections()
 	}
 	return nil
 }
@@ -409,6 +444,13 @@ func (b *Bridge) adoptNodes(ctx context.Context) {
 			VersionedParams(&metav1.ListOptions{LabelSelector: LabelTransport + "=mqtt"}, metav1.ParameterCodec).
 			Do(ctx).Into(&list)
 		if err == nil {
+			b.mu.Lock()
+			for _, n := range list.Items {
+				if p := n.Status.DaemonEndpoints.KubeletEndpoint.Port; p > 0 {
+					b.knownPorts[n.Name] = int(p)
+				}
+			}
+			b.mu.Unlock()
 			for _, n := range list.Items {
 				b.ensureNode(n.Name)
 			}
@@ -462,7 +504,13 @@ func (b *Bridge) runLink(ctx context.Context) {
 	failed := 0 // connects failed in a row
 	for ctx.Err() == nil {
 		in := mqtt.NewInbox(mqtt.MaxInboxBytes)
-		conn, err := b.deps.Dial(ctx, mqtt.Will{}, in.Put)
+		conn, err := b.deps.Dial(ctx, mqtt.Will{}, func(m mqtt.Message) {
+			if isRPCUp(m.Topic) {
+				b.rpc(m)
+				return
+			}
+			in.Put(m)
+		})
 		if err != nil {
 			// A refused broker is tried every second: said once.
 			if failed++; failed == 1 || !mqtt.Refused(err) {
@@ -494,6 +542,9 @@ func (b *Bridge) runLink(ctx context.Context) {
 		// the next connection reads its online flag again.
 		b.log.Warn("mqtt broker connection lost; its nodes are away until their online flags are read again", "nodes", len(nodes), "err", err)
 		for _, n := range nodes {
+			if b.tunnel != nil {
+				b.tunnel.Reset(n.name, errors.New("the bridge lost its connection to the mqtt broker"))
+			}
 			n.setOnline(false, false)
 		}
 		if sleep(ctx, b.deps.Clock, rd.Next(err)) != nil {
@@ -555,6 +606,11 @@ func (b *Bridge) session(ctx context.Context, conn mqtt.Conn, in *mqtt.Inbox) er
 		return conn.Subscribe(ctx, mqtt.Prefix+"nodes/+/status/#", mqtt.Prefix+"nodes/+/online", mqtt.Prefix+"nodes/+/events")
 	}); err != nil {
 		return err
+	}
+	if b.tunnel != nil {
+		if err := b.request(sctx, func(ctx context.Context) error { return conn.Subscribe(ctx, mqtt.Prefix+"nodes/+/rpc/up") }); err != nil {
+			return err
+		}
 	}
 	b.log.Info("mqtt broker connected", "session", conn.SessionPresent())
 	select {

@@ -54,6 +54,9 @@ type node struct {
 	// (false too while it has no broker connection); the Lease is
 	// renewed only while it is true.
 	online bool
+	// front is the node's kubelet API at the bridge (kubelet.go); nil
+	// when the bridge serves none.
+	front *front
 }
 
 // heard is what the bridge last heard of a node on the broker, whether
@@ -166,6 +169,11 @@ func (b *Bridge) ensureNode(name string) *node {
 		return &node{b: b, name: name, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
 	}
 	b.nodes[name] = n
+	if b.cfg.Kubelet.enabled() {
+		if err := b.openFront(n); err != nil {
+			b.log.Error("kubelet api of mqtt node not served", "node", name, "err", err)
+		}
+	}
 	if h.status != nil {
 		if err := n.nodeStatus(h.status); err != nil {
 			b.log.Warn("node status heard before; waiting for the next", "node", name, "err", err)
@@ -203,6 +211,7 @@ func (n *node) halt() {
 	}
 	n.cancel()
 	<-n.done
+	n.b.closeFront(n)
 	n.st.Close()
 	n.b.log.Info("mqtt node handed over", "node", n.name)
 }
@@ -282,7 +291,11 @@ func (n *node) sealKey() *mqtt.SealPublicKey {
 func (n *node) nodeFacts() kube.NodeFacts {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.facts
+	f := n.facts
+	if n.front != nil {
+		f.Status = n.b.kubeletFacts(f.Status, n.front.port)
+	}
+	return f
 }
 
 // setOnline records the node's online flag and has sync/kube renew its
@@ -297,11 +310,22 @@ func (n *node) nodeFacts() kube.NodeFacts {
 // bridge's own reconnect are not written a second time.
 func (n *node) setOnline(online, live bool) {
 	n.mu.Lock()
+	was := n.online
 	n.online = online
 	if online && live {
 		clear(n.gens)
 	}
 	n.mu.Unlock()
+	if n.b.tunnel != nil {
+		switch {
+		case was && !online:
+			n.b.tunnel.Reset(n.name, errors.New("the node went offline (its mqtt connection ended)"))
+		case online && live:
+			// A new connection of the node: its streams ended with the
+			// old one.
+			n.b.tunnel.Reset(n.name, errors.New("the node connected to the broker again"))
+		}
+	}
 	if n.kube != nil {
 		n.kube.SetPresent(online)
 	}

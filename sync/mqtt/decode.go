@@ -50,7 +50,7 @@ func Decode(payload []byte) (Decoded, error) {
 		d.Envelope.SignedBy = KeyID(e.Signature[:keyIDLen]).String()
 	}
 	switch e.Encoding {
-	case EncodingTombstone, EncodingSealed:
+	case EncodingTombstone, EncodingSealed, EncodingFrame:
 		return d, nil // a sealed body opens only on its node
 	case EncodingIndex:
 		x, err := ParseIndex(e, ScopeNode)

@@ -62,6 +62,9 @@ const (
 	// EncodingSealed is the protobuf message of Kind (a Secret) sealed
 	// to the node's seal key (seal.go).
 	EncodingSealed Encoding = 4
+	// EncodingFrame is a tunnel frame (sync/mqtt/tunnel) of a kubelet
+	// API stream, Kind "Frame" (rpc.go).
+	EncodingFrame Encoding = 5
 )
 
 // String names the encoding as docs/mqtt.md and `outpost mqtt decode` do.
@@ -75,6 +78,8 @@ func (e Encoding) String() string {
 		return "index"
 	case EncodingSealed:
 		return "sealed"
+	case EncodingFrame:
+		return "frame"
 	}
 	return fmt.Sprintf("encoding(%d)", uint8(e))
 }
@@ -176,7 +181,7 @@ func UnmarshalEnvelope(data []byte) (Envelope, error) {
 			}
 			e.Encoding, haveEnc = Encoding(v[0]), true
 			switch e.Encoding {
-			case EncodingProtobuf, EncodingTombstone, EncodingIndex, EncodingSealed:
+			case EncodingProtobuf, EncodingTombstone, EncodingIndex, EncodingSealed, EncodingFrame:
 			default:
 				return e, fmt.Errorf("envelope: encoding %d is not one this outpost reads", v[0])
 			}

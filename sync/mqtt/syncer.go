@@ -79,6 +79,9 @@ type Deps struct {
 	// Wire, if set, is the byte counter the Dialer counts into, for
 	// metrics.
 	Wire *ByteCounter
+	// Tunnel, if set, serves the kubelet API streams the bridge opens
+	// (rpc.go); its frames go out with PublishFrame.
+	Tunnel Tunnel
 }
 
 // Syncer connects the store to the broker. Its methods are safe for
@@ -92,6 +95,9 @@ type Syncer struct {
 
 	mu   sync.Mutex
 	link report.Link
+	// conn is the connection of the session running, nil between them:
+	// PublishFrame's.
+	conn Conn
 
 	events eventQueue
 	// sent are the pods whose status this agent published, by
@@ -180,7 +186,14 @@ func (s *Syncer) runLink(ctx context.Context) {
 	will := Will{Topic: OnlineTopic(s.cfg.NodeName), Payload: []byte(OnlineFalse), Retained: true}
 	for ctx.Err() == nil {
 		in := NewInbox(MaxInboxBytes)
-		conn, err := s.deps.Dial(ctx, will, in.Put)
+		rpcDown := RPCDownTopic(s.cfg.NodeName)
+		conn, err := s.deps.Dial(ctx, will, func(m Message) {
+			if m.Topic == rpcDown {
+				s.rpc(m)
+				return
+			}
+			in.Put(m)
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -259,6 +272,23 @@ func (s *Syncer) session(ctx context.Context, conn Conn, in *Inbox, resendStatus
 		return conn.Subscribe(ctx, NodeIndexTopic(node), ClusterIndexTopic)
 	}); err != nil {
 		return err
+	}
+	if s.deps.Tunnel != nil {
+		// Frames are of streams this connection carries, and each
+		// subscribe is asked anew: a node that stops serving the
+		// kubelet API is sent none.
+		if err := s.request(sctx, func(ctx context.Context) error { return conn.Subscribe(ctx, RPCDownTopic(node)) }); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.conn = conn
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.conn = nil
+			s.mu.Unlock()
+			s.deps.Tunnel.Reset(errors.New("the node's link to the broker was lost"))
+		}()
 	}
 	if err := s.publish(sctx, conn, OnlineTopic(node), true, []byte(OnlineTrue), "online"); err != nil {
 		return err

@@ -50,6 +50,8 @@ type Topic struct {
 	Status string
 	// Events and Online mark those topics.
 	Events, Online bool
+	// RPC is "down" or "up" for the tunnel's topics.
+	RPC string
 }
 
 // DesiredTopic is the topic of a desired object of node (kind pods,
@@ -93,6 +95,14 @@ func BridgeTokensTopic(node, namespace, name string) string {
 	return Prefix + "bridge/tokens/" + node + "/" + namespace + "/" + name
 }
 
+// RPCDownTopic carries the bridge's tunnel frames to node: the kubelet
+// API requests the API server makes of it (rpc.go). Only the bridge
+// may write there, and only node read.
+func RPCDownTopic(node string) string { return Prefix + "nodes/" + node + "/rpc/down" }
+
+// RPCUpTopic carries node's tunnel frames to the bridge.
+func RPCUpTopic(node string) string { return Prefix + "nodes/" + node + "/rpc/up" }
+
 // Online flag payloads.
 const (
 	OnlineTrue  = "true"
@@ -135,6 +145,8 @@ func ParseTopic(topic string) (Topic, error) {
 			t.Online = true
 		case len(parts) == 3 && parts[2] == "events":
 			t.Events = true
+		case len(parts) == 4 && parts[2] == "rpc" && (parts[3] == "down" || parts[3] == "up"):
+			t.RPC = parts[3]
 		case len(parts) == 4 && parts[2] == "status" && parts[3] == "node":
 			t.Status = "node"
 		case len(parts) == 6 && parts[2] == "status" && parts[3] == "pods":
@@ -172,6 +184,10 @@ func (t Topic) String() string {
 		return OnlineTopic(t.Node)
 	case t.Events:
 		return EventsTopic(t.Node)
+	case t.RPC == "down":
+		return RPCDownTopic(t.Node)
+	case t.RPC == "up":
+		return RPCUpTopic(t.Node)
 	case t.Status == "node":
 		return NodeStatusTopic(t.Node)
 	case t.Status == "pods":
@@ -194,6 +210,8 @@ func (t Topic) kindLabel() string {
 		return "events"
 	case t.Online:
 		return "online"
+	case t.RPC != "":
+		return "rpc"
 	}
 	return "other"
 }

@@ -39,6 +39,10 @@ type mqttSetup struct {
 	bridgeEnd chan struct{}
 	// signingKey is the bridge's signing key file, with signed.
 	signingKey string
+	// kubeletIP and kubeletPorts are the address and the first and last
+	// port of the bridge's kubelet API, with kubelet.
+	kubeletIP    string
+	kubeletPorts [2]int
 }
 
 // mqttOptions change newMQTTSetupWith's setup.
@@ -46,6 +50,27 @@ type mqttOptions struct {
 	// signed makes a signing key with `outpost bridge keygen`, for the
 	// bridge's mqtt.signingKeyFile and the node's mqtt.trustedKeys.
 	signed bool
+	// kubelet has the bridge serve its nodes' kubelet API (on
+	// bridgeAddress), letting in the API server's kubelet client
+	// certificate.
+	kubelet bool
+}
+
+// bridgeAddress gives the host an address of the test's own for the
+// bridge's kubelet API, on a veth pair removed at the end: the API
+// server's node proxy refuses loopback addresses ("address not
+// allowed"), and a test machine may have no other address to spare (nor
+// the dummy link type).
+func bridgeAddress(t *testing.T) string {
+	t.Helper()
+	link := fmt.Sprintf("opkapi%d", os.Getpid()%100000)
+	ip := fmt.Sprintf("198.18.%d.17", os.Getpid()%200+1)
+	run(t, "ip", "link", "add", link, "type", "veth", "peer", "name", link+"p")
+	t.Cleanup(func() { exec.Command("ip", "link", "delete", link).Run() })
+	run(t, "ip", "addr", "add", ip+"/32", "dev", link)
+	run(t, "ip", "link", "set", link, "up")
+	run(t, "ip", "link", "set", link+"p", "up")
+	return ip
 }
 
 func newMQTTSetup(t *testing.T, name string) *mqttSetup {
@@ -77,6 +102,13 @@ func newMQTTSetupWith(t *testing.T, name string, o mqttOptions) *mqttSetup {
 		signing = "  signingKeyFile: " + s.signingKey + "\n"
 		trusted = fmt.Sprintf("  trustedKeys: [%q]\n", strings.TrimSpace(string(out)))
 	}
+	var kubelet string
+	if o.kubelet {
+		first := env.FreePort(t)
+		s.kubeletPorts = [2]int{first, first + 9}
+		s.kubeletIP = bridgeAddress(t)
+		kubelet = fmt.Sprintf("kubeletAPI:\n  address: %s\n  ports: %d-%d\n  clientCAFile: %s\n", s.kubeletIP, first, first+9, api.ClientCAFile)
+	}
 	cfg := fmt.Sprintf(`kubeconfig: %s
 mqtt:
   brokers: [%q]
@@ -84,9 +116,9 @@ mqtt:
   certFile: %s
   keyFile: %s
   keepalive: 10s
-%sstateDir: %s
+%s%sstateDir: %s
 log: {level: debug}
-`, kc, s.broker.URL, s.broker.CAFile, cert, key, signing, filepath.Join(dir, "scratch"))
+`, kc, s.broker.URL, s.broker.CAFile, cert, key, signing, kubelet, filepath.Join(dir, "scratch"))
 	if err := os.WriteFile(s.bridgeCfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
