@@ -66,7 +66,7 @@ type mqttPeer struct {
 // connectPeer connects to b as cn (a new client certificate from b's CA)
 // with MQTT 3.1.1, a clean session, QoS 1 and no reconnects; tweak may
 // change the options first. The client disconnects in t's cleanup.
-func connectPeer(t *testing.T, b *env.MosquittoTLS, cn string, tweak ...func(*mqtt.ClientOptions)) *mqttPeer {
+func connectPeer(t testing.TB, b *env.MosquittoTLS, cn string, tweak ...func(*mqtt.ClientOptions)) *mqttPeer {
 	t.Helper()
 	p, err := dialPeer(t, b, cn, tweak...)
 	if err != nil {
@@ -76,7 +76,7 @@ func connectPeer(t *testing.T, b *env.MosquittoTLS, cn string, tweak ...func(*mq
 }
 
 // dialPeer is connectPeer returning the connect error.
-func dialPeer(t *testing.T, b *env.MosquittoTLS, cn string, tweak ...func(*mqtt.ClientOptions)) (*mqttPeer, error) {
+func dialPeer(t testing.TB, b *env.MosquittoTLS, cn string, tweak ...func(*mqtt.ClientOptions)) (*mqttPeer, error) {
 	t.Helper()
 	p := &mqttPeer{cn: cn, inbox: make(chan mqtt.Message, 4096), lost: make(chan error, 1)}
 	opts := mqtt.NewClientOptions().AddBroker(b.URL).SetClientID(cn).

@@ -23,7 +23,9 @@ import (
 // TestMQTTKubeletAPI drives an MQTT node's kubelet API through the
 // bridge: the node runs in a network namespace the API server cannot
 // reach (only the broker is reachable from it), and the bridge serves
-// its kubelet API on a port of its own, named in the Node. As a user
+// its kubelet API on a port of its own, named in the Node; the node
+// trusts the bridge's signing key, so every frame it takes is signed. As
+// a user
 // with a namespace Role, kubectl logs (--tail, --previous, -f), exec
 // (an exit code, -i, -it), attach and port-forward work, and so do the
 // node's /metrics and /metrics/resource through the API server's node
@@ -31,7 +33,7 @@ import (
 // user without nodes/proxy gets 403; a broker restarted during logs -f
 // ends the stream, and logs work again once the node is back.
 func TestMQTTKubeletAPI(t *testing.T) {
-	s := newMQTTSetupWith(t, "e2e-mqtt-kapi", mqttOptions{kubelet: true})
+	s := newMQTTSetupWith(t, "e2e-mqtt-kapi", mqttOptions{kubelet: true, signed: true})
 	n := s.node
 	n.start()
 	node := s.nodeReady(60 * time.Second)

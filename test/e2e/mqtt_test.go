@@ -26,7 +26,7 @@ import (
 // agent with mqtt and no kubeconfig in a network namespace of its own,
 // which reaches the broker (and only the broker) through a forwarder.
 type mqttSetup struct {
-	t      *testing.T
+	t      testing.TB
 	api    *env.APIServer
 	adm    *admin
 	broker *env.MosquittoTLS
@@ -61,7 +61,7 @@ type mqttOptions struct {
 // server's node proxy refuses loopback addresses ("address not
 // allowed"), and a test machine may have no other address to spare (nor
 // the dummy link type).
-func bridgeAddress(t *testing.T) string {
+func bridgeAddress(t testing.TB) string {
 	t.Helper()
 	link := fmt.Sprintf("opkapi%d", os.Getpid()%100000)
 	ip := fmt.Sprintf("198.18.%d.17", os.Getpid()%200+1)
@@ -73,12 +73,12 @@ func bridgeAddress(t *testing.T) string {
 	return ip
 }
 
-func newMQTTSetup(t *testing.T, name string) *mqttSetup {
+func newMQTTSetup(t testing.TB, name string) *mqttSetup {
 	t.Helper()
 	return newMQTTSetupWith(t, name, mqttOptions{})
 }
 
-func newMQTTSetupWith(t *testing.T, name string, o mqttOptions) *mqttSetup {
+func newMQTTSetupWith(t testing.TB, name string, o mqttOptions) *mqttSetup {
 	t.Helper()
 	api := env.StartAPIServer(t)
 	s := &mqttSetup{t: t, api: api, adm: newAdmin(t, api)}

@@ -273,7 +273,8 @@ func TestLostFrameEndsTheStream(t *testing.T) {
 		return false
 	}})
 	b, n := p.dial()
-	if _, err := b.Write(randomBytes(5000, 5)); err != nil {
+	// The node may end the stream before the last frame is written.
+	if _, err := b.Write(randomBytes(5000, 5)); err != nil && !strings.Contains(err.Error(), "closed by peer: frames lost") {
 		t.Fatalf("write: %v", err)
 	}
 	got, err := readAll(t, n)
