@@ -69,7 +69,7 @@ bench:
 	OUTPOST_BENCH_DIR=$${OUTPOST_BENCH_DIR:-/var/tmp} $(GO) test -run '^$$' -bench BenchmarkReplayAfterOutage -benchtime 1x ./sync/kube/
 	$(GO) test -run '^$$' -bench BenchmarkSyncUnchanged -benchtime 5x ./netproxy/proxy/
 	$(GO) test -run '^$$' -bench 'BenchmarkVerify|BenchmarkSign' ./sync/mqtt/
-	$(GO) test -run '^$$$$' -bench BenchmarkStreamThroughput ./sync/mqtt/tunnel/
+	$(GO) test -run '^$$' -bench BenchmarkStreamThroughput ./sync/mqtt/tunnel/
 	@scripts/bench-size.sh
 	@scripts/bench-proxy.sh
 	$(GO) test -run '^$$' -bench BenchmarkKubeletAPI -benchtime 1x -timeout 20m ./test/e2e/
