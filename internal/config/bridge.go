@@ -40,7 +40,8 @@ type Bridge struct {
 // one port each, which the node's Node names with the bridge's address.
 type BridgeKubeletAPI struct {
 	// Address is the IP address the API server reaches this bridge at
-	// (a replica's pod IP); empty serves no kubelet API.
+	// (a replica's pod IP, "${POD_IP}": $VAR and ${VAR} are read from
+	// the environment); empty serves no kubelet API.
 	Address string `json:"address"`
 	// Listen is the address the ports are bound on; empty is Address.
 	Listen string `json:"listen"`
@@ -155,6 +156,8 @@ func ParseBridge(name string, data []byte) (Bridge, error) {
 			bad("replicas.identity", "%q is not a DNS-1123 subdomain (it names a Lease): %s", id, errs[0])
 		}
 	}
+	// A replica's pod IP comes from its environment (the downward API).
+	cfg.KubeletAPI.Address = os.ExpandEnv(cfg.KubeletAPI.Address)
 	if k := cfg.KubeletAPI; k.Address != "" {
 		if net.ParseIP(k.Address) == nil {
 			bad("kubeletAPI.address", "%q is not an IP address", k.Address)

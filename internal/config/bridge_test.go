@@ -40,3 +40,27 @@ func TestParseBridge(t *testing.T) {
 		t.Errorf("LoadBridge without a file: %v", err)
 	}
 }
+
+// TestParseBridgeKubeletAPI: the kubelet API's address may come from the
+// environment, and a bad range or a missing client CA names the field.
+func TestParseBridgeKubeletAPI(t *testing.T) {
+	t.Setenv("POD_IP", "10.0.3.17")
+	cfg, err := ParseBridge("b.yaml", []byte("mqtt: {brokers: [\"ssl://m:8883\"]}\nkubeletAPI: {address: \"${POD_IP}\", clientCAFile: /ca.crt}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, last := cfg.KubeletAPI.PortRange(); cfg.KubeletAPI.Address != "10.0.3.17" || first != 20000 || last != 29999 || cfg.KubeletAPI.IdleTimeout().Hours() != 4 {
+		t.Errorf("kubeletAPI: %+v", cfg.KubeletAPI)
+	}
+	for in, field := range map[string]string{
+		"kubeletAPI: {address: 10.0.0.1, ports: 30000-20000, clientCAFile: /ca.crt}": "kubeletAPI.ports",
+		"kubeletAPI: {address: 10.0.0.1, ports: 1-70000, clientCAFile: /ca.crt}":     "kubeletAPI.ports",
+		"kubeletAPI: {address: 10.0.0.1}":                                            "kubeletAPI.clientCAFile",
+		"kubeletAPI: {address: bridge.local, clientCAFile: /ca.crt}":                 "kubeletAPI.address",
+	} {
+		_, err := ParseBridge("b.yaml", []byte("mqtt: {brokers: [\"ssl://m:8883\"]}\n"+in+"\n"))
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: %v, want an error naming %s", in, err, field)
+		}
+	}
+}
