@@ -29,7 +29,7 @@ import (
 // with a namespace Role, kubectl logs (--tail, --previous, -f), exec
 // (an exit code, -i, -it), attach and port-forward work, and so do the
 // node's /metrics and /metrics/resource through the API server's node
-// proxy; a request to the bridge without credentials is refused (401), a
+// proxy, and kubectl top through metrics-server; a request to the bridge without credentials is refused (401), a
 // user without nodes/proxy gets 403; a broker restarted during logs -f
 // ends the stream, and logs work again once the node is back.
 func TestMQTTKubeletAPI(t *testing.T) {
@@ -195,6 +195,21 @@ func TestMQTTKubeletAPI(t *testing.T) {
 		if !strings.Contains(raw, `container_memory_working_set_bytes{container="web",namespace="default",pod="debug"}`) {
 			t.Errorf("/metrics/resource through the bridge lacks the web container:\n%.3000s", raw)
 		}
+	})
+
+	t.Run("top", func(t *testing.T) {
+		env.StartMetricsServer(t, s.api, s.kubeletIP)
+		var out string
+		within(90*time.Second).For(t, "kubectl top pod through the bridge", func() (bool, string) {
+			o, code := kubectlAs(ctx, t, s.api.Kubeconfig, nil, "top", "pod", "debug", "--containers", "--no-headers")
+			out = o
+			return code == 0 && strings.Contains(o, " web "), o
+		})
+		t.Logf("kubectl top pod --containers:\n%s", out)
+		within(30*time.Second).For(t, "kubectl top node through the bridge", func() (bool, string) {
+			o, code := kubectlAs(ctx, t, s.api.Kubeconfig, nil, "top", "node", n.name, "--no-headers")
+			return code == 0 && strings.HasPrefix(o, n.name+" "), o
+		})
 	})
 
 	t.Run("denied", func(t *testing.T) {

@@ -94,8 +94,8 @@ spec:
 // address the API server reaches that is not loopback (Endpoints refuse
 // 127.0.0.0/8), such as the host side of a node's link.
 //
-// metrics-server scrapes each node's kubelet API at its InternalIP, port
-// 10250, without verifying its serving certificate, as the admin user,
+// metrics-server scrapes each node's kubelet API at its InternalIP and
+// the port its Node names, without verifying its serving certificate, as the admin user,
 // every 10 s (the least it allows), each scrape given 5 s. In t's cleanup
 // the registration is deleted and metrics-server stopped.
 func StartMetricsServer(t testing.TB, api *APIServer, listenIP string) *MetricsServer {
@@ -116,6 +116,9 @@ func StartMetricsServer(t testing.TB, api *APIServer, listenIP string) *MetricsS
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--kubelet-insecure-tls",
 		"--kubelet-preferred-address-types=InternalIP",
+		// The port in the Node: 10250 for a node the API server dials,
+		// the node's own port at the bridge for an MQTT node.
+		"--kubelet-use-node-status-port",
 		// The least resolution it allows; a scrape must end within it.
 		"--metric-resolution=10s", "--kubelet-request-timeout=5s",
 	)
