@@ -96,6 +96,15 @@ func (b *Bridge) rpc(m mqtt.Message) {
 		b.reject(m.Topic, "topic", fmt.Errorf("not a node's rpc/up topic: %v", err))
 		return
 	}
+	// Every replica hears every node; the streams of a node are its
+	// server's. Another replica's would be answered as unknown streams,
+	// and closed.
+	b.mu.Lock()
+	n := b.nodes[t.Node]
+	b.mu.Unlock()
+	if n == nil || n.front == nil {
+		return
+	}
 	frame, err := mqtt.OpenFrame(nil, m.Topic, m.Payload)
 	if err != nil {
 		b.reject(m.Topic, "invalid", err)

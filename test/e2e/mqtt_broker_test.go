@@ -323,7 +323,8 @@ func TestMosquittoNodeReadsOnlyItsOwn(t *testing.T) {
 	bridge.publish(t, "outpost/v1/bridge/tokens/node-b/default/web.outpost-tokens", true, "the bridge's copy")
 
 	nodeB := connectPeer(t, b, "node-b")
-	codes := nodeB.subscribe(t, "outpost/v1/nodes/node-a/desired/#", "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#", "outpost/v1/bridge/#")
+	codes := nodeB.subscribe(t, "outpost/v1/nodes/node-a/desired/#", "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#", "outpost/v1/bridge/#",
+		"outpost/v1/nodes/+/rpc/#")
 	// mosquitto 2.0's ACL file does not check subscriptions: it grants
 	// them and checks each message at delivery. A refusal (0x80) would
 	// do as well.
@@ -339,8 +340,15 @@ func TestMosquittoNodeReadsOnlyItsOwn(t *testing.T) {
 	bridge.publish(t, desiredIndex, true, "node-a's index")
 	bridge.publish(t, "outpost/v1/nodes/node-b/desired/index", true, "node-b's index")
 	bridge.publish(t, clusterWeb, true, "service web")
+	// The kubelet API's frames: a node reads only those to itself, not
+	// another's, nor any node's answers.
+	bridge.publish(t, "outpost/v1/nodes/node-a/rpc/down", false, "a frame to node-a")
+	nodeA := connectPeer(t, b, "node-a")
+	nodeA.publish(t, "outpost/v1/nodes/node-a/rpc/up", false, "node-a's answer")
+	bridge.publish(t, "outpost/v1/nodes/node-b/rpc/down", false, "a frame to node-b")
 	nodeB.expect(t, "outpost/v1/nodes/node-b/desired/index", "node-b's index")
 	nodeB.expect(t, clusterWeb, "service web")
+	nodeB.expect(t, "outpost/v1/nodes/node-b/rpc/down", "a frame to node-b")
 	nodeB.expectNothingMore(t)
 }
 
@@ -375,10 +383,17 @@ func TestMosquittoNodeWritesOnlyItsOwn(t *testing.T) {
 	nodeA.publish(t, clusterWeb, true, "forged by node-a")
 	nodeA.publish(t, clusterIndex, true, "forged by node-a")
 	nodeA.publish(t, "outpost/v1/bridge/tokens/node-a/default/web.outpost-tokens", true, "forged by node-a")
+	// Frames: only the bridge writes a node's rpc/down, only the node
+	// its rpc/up.
+	bridge.subscribe(t, "outpost/v1/nodes/+/rpc/#")
+	nodeA.publish(t, "outpost/v1/nodes/node-a/rpc/down", false, "forged by node-a")
+	nodeB.publish(t, "outpost/v1/nodes/node-a/rpc/up", false, "forged by node-b")
 	// Each publish above had its PUBACK, so the broker had dealt with it
 	// before this one.
 	nodeA.publish(t, statusWeb, false, "from node-a")
+	nodeA.publish(t, "outpost/v1/nodes/node-a/rpc/up", false, "node-a's answer")
 	bridge.expect(t, statusWeb, "from node-a")
+	bridge.expect(t, "outpost/v1/nodes/node-a/rpc/up", "node-a's answer")
 	bridge.expectNothingMore(t)
 
 	bridge.subscribe(t, "outpost/v1/nodes/+/desired/#", "outpost/v1/cluster/#", "outpost/v1/bridge/#")

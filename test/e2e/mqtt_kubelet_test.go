@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/outpost-edge/outpost/sync/bridge"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -281,4 +282,59 @@ func TestMQTTKubeletAPI(t *testing.T) {
 			return code == 0 && out == "line 5\n", fmt.Sprint(code, " ", out)
 		})
 	})
+}
+
+// TestMQTTKubeletAPIMoves: with two bridge replicas sharing the fleet
+// (both on one address, with ports of their own), the node's kubelet API
+// is served by the replica that serves the node; when that replica is
+// killed, the other takes the node (and the port the Node names, which
+// the dead replica freed) and kubectl logs and exec work again through
+// it.
+func TestMQTTKubeletAPIMoves(t *testing.T) {
+	s := newMQTTSetupWith(t, "e2e-mqtt-kmove", mqttOptions{kubelet: true})
+	s.shareFleet("bridge-a")
+	b := s.startReplica("bridge-b", bridgeCN+":1")
+	s.balanced(60*time.Second, "bridge-a", "bridge-b")
+	n := s.node
+	n.start()
+	s.nodeReady(60 * time.Second)
+	p := apiPod("web", n.name, "echo hello from web; exec sleep 3600")
+	p.Spec.Containers[0].Name = "web"
+	s.adm.create("pods", p)
+	s.apiPodRunning("web", 90*time.Second)
+	kc := func(args ...string) (string, int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return kubectlAs(ctx, t, s.api.Kubeconfig, nil, args...)
+	}
+	port := func() int {
+		var node corev1.Node
+		ctx, cancel := s.adm.ctx()
+		defer cancel()
+		if err := s.adm.core.Get().Resource("nodes").Name(n.name).Do(ctx).Into(&node); err != nil {
+			t.Fatal(err)
+		}
+		return int(node.Status.DaemonEndpoints.KubeletEndpoint.Port)
+	}
+	within(30*time.Second).For(t, "logs through the serving replica", func() (bool, string) {
+		out, code := kc("logs", "web")
+		return code == 0 && out == "hello from web\n", fmt.Sprint(code, " ", out)
+	})
+	before := port()
+	owner := s.shardHolders()[bridge.ShardOf(n.name, replicaShards)]
+	killed := time.Now()
+	if owner == "bridge-a" {
+		s.killBridge()
+	} else {
+		b.kill()
+	}
+	within(60*time.Second).For(t, "logs and exec through the other replica", func() (bool, string) {
+		out, code := kc("logs", "web")
+		if code != 0 || out != "hello from web\n" {
+			return false, fmt.Sprint("logs: ", code, " ", out)
+		}
+		out, code = kc("exec", "web", "--", "echo", "moved")
+		return code == 0 && out == "moved\n", fmt.Sprint("exec: ", code, " ", out)
+	})
+	t.Logf("replica %s killed; the node's kubelet API answered through the other %v later, on port %d (was %d)", owner, time.Since(killed).Round(100*time.Millisecond), port(), before)
 }

@@ -105,9 +105,9 @@ func newMQTTSetupWith(t testing.TB, name string, o mqttOptions) *mqttSetup {
 	var kubelet string
 	if o.kubelet {
 		first := env.FreePort(t)
-		s.kubeletPorts = [2]int{first, first + 9}
+		s.kubeletPorts = [2]int{first, first + 19}
 		s.kubeletIP = bridgeAddress(t)
-		kubelet = fmt.Sprintf("kubeletAPI:\n  address: %s\n  ports: %d-%d\n  clientCAFile: %s\n", s.kubeletIP, first, first+9, api.ClientCAFile)
+		kubelet = fmt.Sprintf("kubeletAPI:\n  address: %s\n  ports: %d-%d\n  clientCAFile: %s\n", s.kubeletIP, first, first+19, api.ClientCAFile)
 	}
 	cfg := fmt.Sprintf(`kubeconfig: %s
 mqtt:
