@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"slices"
@@ -143,6 +144,8 @@ type Bridge struct {
 	// knownPorts those their Nodes had (Config.Kubelet).
 	tunnel          *tunnel.Dialer
 	tunnelTransport *http.Transport
+	kubelet         *kubeletServer
+	proxy           *httputil.ReverseProxy
 	ports           map[int]string
 	knownPorts      map[string]int
 }
@@ -253,6 +256,12 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if b.cfg.Kubelet.enabled() {
+		if err := b.startKubelet(); err != nil {
+			return err
+		}
+		defer b.stopKubelet()
+	}
 	b.mu.Lock()
 	b.run = ctx
 	b.feed = feed
@@ -276,12 +285,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	nodes := slices.Collect(maps.Values(b.nodes))
 	b.mu.Unlock()
 	for _, n := range nodes {
-		b.closeFront(n)
 		n.st.Close()
-	}
-	if b.tunnel != nil {
-		b.tunnel.Close()
-		b.tunnelTransport.CloseIdleConnections()
 	}
 	return nil
 }

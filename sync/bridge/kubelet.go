@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"strings"
 	"time"
 
@@ -51,11 +50,66 @@ type KubeletAPI struct {
 
 func (k *KubeletAPI) enabled() bool { return k.Address != "" }
 
-// front is a node's kubelet API at the bridge.
+// front is a node's kubelet API at the bridge: its port.
 type front struct {
 	port int
-	srv  *http.Server
-	done chan struct{}
+}
+
+// kubeletServer is the kubelet API of every node the bridge serves: one
+// HTTPS server on a port set (ports.go), which tells the nodes apart by
+// the port a connection came to.
+type kubeletServer struct {
+	ports *portSet
+	srv   *http.Server
+	done  chan struct{}
+}
+
+// startKubelet starts the nodes' kubelet API server, with no port yet.
+func (b *Bridge) startKubelet() error {
+	k := b.cfg.Kubelet
+	host := k.Listen
+	if host == "" {
+		host = k.Address
+	}
+	ps, err := newPortSet(net.ParseIP(host))
+	if err != nil {
+		return fmt.Errorf("kubelet api: %w", err)
+	}
+	tc := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{k.Certificate},
+		// Certificates are checked by Check, so one that does not
+		// verify is a 401 with a reason, as the agent answers it.
+		ClientAuth: tls.RequestClientCert,
+		NextProtos: []string{"http/1.1"},
+	}
+	ks := &kubeletServer{ports: ps, done: make(chan struct{})}
+	ks.srv = &http.Server{
+		Handler:           http.HandlerFunc(b.serveKubelet),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
+	}
+	b.proxy = b.newKubeletProxy()
+	b.kubelet = ks
+	go func() {
+		defer close(ks.done)
+		ks.srv.Serve(tls.NewListener(ps, tc))
+	}()
+	return nil
+}
+
+// stopKubelet stops the server and its ports.
+func (b *Bridge) stopKubelet() {
+	ks := b.kubelet
+	if ks == nil {
+		return
+	}
+	ks.srv.Close()
+	ks.ports.Close()
+	<-ks.done
+	b.tunnel.Close()
+	b.tunnelTransport.CloseIdleConnections()
 }
 
 // newTunnel makes the bridge's end of the nodes' streams: frames go out
@@ -132,77 +186,82 @@ func (b *Bridge) preferredPort(name string) int {
 	return k.FirstPort + int(h.Sum32()%uint32(k.LastPort-k.FirstPort+1))
 }
 
-// openFront starts node's kubelet API on a free port; b.mu is held.
+// openFront gives node a port of its own; b.mu is held.
 func (b *Bridge) openFront(n *node) error {
 	k := b.cfg.Kubelet
-	host := k.Listen
-	if host == "" {
-		host = k.Address
-	}
 	size := k.LastPort - k.FirstPort + 1
 	first := b.preferredPort(n.name)
-	var ln net.Listener
 	var err error
-	port := 0
 	for i := 0; i < size; i++ {
 		p := k.FirstPort + (first-k.FirstPort+i)%size
 		if _, taken := b.ports[p]; taken {
 			continue
 		}
-		if ln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p))); err == nil {
-			port = p
-			break
+		if err = b.kubelet.ports.add(p); err == nil {
+			b.ports[p] = n.name
+			n.front = &front{port: p}
+			return nil
 		}
 	}
-	if port == 0 {
-		return fmt.Errorf("kubelet api of node %s: no free port in %d-%d (last error: %v)", n.name, k.FirstPort, k.LastPort, err)
-	}
-	b.ports[port] = n.name
-	tc := &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{k.Certificate},
-		// Certificates are checked by Check, so one that does not
-		// verify is a 401 with a reason, as the agent answers it.
-		ClientAuth: tls.RequestClientCert,
-		NextProtos: []string{"http/1.1"},
-	}
-	f := &front{port: port, done: make(chan struct{})}
-	f.srv = &http.Server{
-		Handler:           b.kubeletHandler(n),
-		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
-	}
-	n.front = f
-	go func() {
-		defer close(f.done)
-		f.srv.Serve(tls.NewListener(ln, tc))
-	}()
-	return nil
+	return fmt.Errorf("kubelet api of node %s: no free port in %d-%d (last error: %v)", n.name, k.FirstPort, k.LastPort, err)
 }
 
-// closeFront stops node's kubelet API and ends its streams; b.mu is not
-// held.
+// closeFront stops listening on node's port and ends its streams; b.mu
+// is not held.
 func (b *Bridge) closeFront(n *node) {
+	b.mu.Lock()
 	f := n.front
+	n.front = nil
+	if f != nil {
+		delete(b.ports, f.port)
+	}
+	b.mu.Unlock()
 	if f == nil {
 		return
 	}
-	f.srv.Close()
-	<-f.done
+	b.kubelet.ports.remove(f.port)
 	b.tunnel.Reset(n.name, errors.New("another bridge replica serves the node now"))
-	b.mu.Lock()
-	delete(b.ports, f.port)
-	b.mu.Unlock()
 }
 
-// kubeletHandler serves node's kubelet API: Check, then the request
-// carried to the node.
-func (b *Bridge) kubeletHandler(n *node) http.Handler {
-	proxy := &httputil.ReverseProxy{
+// nodeKey is the context key of the node a request is for.
+type nodeKey struct{}
+
+// serveKubelet serves a node's kubelet API, the node found by the port
+// the request came to: Check, then the request carried to the node.
+func (b *Bridge) serveKubelet(w http.ResponseWriter, r *http.Request) {
+	addr, _ := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	var n *node
+	b.mu.Lock()
+	if addr != nil {
+		n = b.nodes[b.ports[addr.Port]]
+	}
+	b.mu.Unlock()
+	if n == nil {
+		http.Error(w, "no mqtt node is served on this port now", http.StatusNotFound)
+		return
+	}
+	if status, msg := b.cfg.Kubelet.Check(r, n.name); status != 0 {
+		http.Error(w, msg, status)
+		return
+	}
+	n.mu.Lock()
+	online := n.online
+	n.mu.Unlock()
+	if !online {
+		http.Error(w, fmt.Sprintf("node %s is not connected to the mqtt broker", n.name), http.StatusServiceUnavailable)
+		return
+	}
+	b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, n.name)))
+}
+
+// newKubeletProxy carries requests to the node their context names.
+func (b *Bridge) newKubeletProxy() *httputil.ReverseProxy {
+	nodeOf := func(r *http.Request) string { s, _ := r.Context().Value(nodeKey{}).(string); return s }
+	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", n.name
-			pr.Out.Host = n.name
+			node := nodeOf(pr.In)
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", node
+			pr.Out.Host = node
 			// The node trusts the bridge's word: credentials meant for
 			// the bridge stay here.
 			pr.Out.Header.Del("Authorization")
@@ -211,30 +270,17 @@ func (b *Bridge) kubeletHandler(n *node) http.Handler {
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.StatusCode == http.StatusOK && strings.HasPrefix(resp.Request.URL.Path, "/containerLogs/") {
-				resp.Body = &saysWhyBody{ReadCloser: resp.Body, node: n.name}
+				resp.Body = &saysWhyBody{ReadCloser: resp.Body, node: nodeOf(resp.Request)}
 			}
 			return nil
 		},
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			b.log.Info("kubelet api request to mqtt node failed", "node", n.name, "path", r.URL.Path, "err", err)
-			http.Error(w, fmt.Sprintf("node %s over mqtt: %v", n.name, err), http.StatusBadGateway)
+			node := nodeOf(r)
+			b.log.Info("kubelet api request to mqtt node failed", "node", node, "path", r.URL.Path, "err", err)
+			http.Error(w, fmt.Sprintf("node %s over mqtt: %v", node, err), http.StatusBadGateway)
 		},
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if status, msg := b.cfg.Kubelet.Check(r, n.name); status != 0 {
-			http.Error(w, msg, status)
-			return
-		}
-		n.mu.Lock()
-		online := n.online
-		n.mu.Unlock()
-		if !online {
-			http.Error(w, fmt.Sprintf("node %s is not connected to the mqtt broker", n.name), http.StatusServiceUnavailable)
-			return
-		}
-		proxy.ServeHTTP(w, r)
-	})
 }
 
 // newTunnelTransport is the HTTP transport over the tunnel, for every

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -36,12 +37,16 @@ func kubeletBridge(t *testing.T, first, last int) *Bridge {
 	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 	b := &Bridge{
 		cfg: Config{Kubelet: KubeletAPI{Address: "127.0.0.1", FirstPort: first, LastPort: last, Certificate: cert,
-			Check: func(*http.Request, string) (int, string) { return http.StatusUnauthorized, "no" }}},
+			Check: func(_ *http.Request, node string) (int, string) { return http.StatusUnauthorized, "no " + node }}},
 		deps: Deps{Clock: clock.Real{}}, log: slog.New(slog.DiscardHandler),
-		ports: map[int]string{}, knownPorts: map[string]int{},
+		ports: map[int]string{}, knownPorts: map[string]int{}, nodes: map[string]*node{},
 	}
 	b.tunnel = b.newTunnel()
 	b.tunnelTransport = b.newTunnelTransport()
+	if err := b.startKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.stopKubelet)
 	return b
 }
 
@@ -88,6 +93,7 @@ func TestFrontPorts(t *testing.T) {
 	for _, name := range []string{"a", "b", "c"} {
 		n := &node{b: b, name: name}
 		b.mu.Lock()
+		b.nodes[name] = n
 		err := b.openFront(n)
 		b.mu.Unlock()
 		if err != nil {
@@ -112,22 +118,30 @@ func TestFrontPorts(t *testing.T) {
 	if err == nil {
 		t.Errorf("a fourth node got port %d of a range with three free", d.front.port)
 	}
-	// Requests are checked before anything reaches the node.
-	resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: insecure()}}).Get("https://127.0.0.1:" + strconv.Itoa(nodes["b"].front.port) + "/pods")
-	if err != nil {
-		t.Fatal(err)
+	// Requests are checked before anything reaches the node, each
+	// for the node of the port it came to.
+	for name, n := range nodes {
+		resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: insecure()}}).Get("https://127.0.0.1:" + strconv.Itoa(n.front.port) + "/pods")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || string(body) != "no "+name+"\n" {
+			t.Errorf("node %s: unchecked request: %d %q, want 401 naming the node", name, resp.StatusCode, body)
+		}
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("unchecked request: %d, want 401", resp.StatusCode)
-	}
+	bPort := nodes["b"].front.port
 	b.closeFront(nodes["b"])
+	if _, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(bPort)); err == nil {
+		t.Errorf("port %d still listens after b was handed over", bPort)
+	}
 	e := &node{b: b, name: "e"}
 	b.mu.Lock()
 	err = b.openFront(e)
 	b.mu.Unlock()
-	if err != nil || e.front.port != nodes["b"].front.port {
-		t.Errorf("after b was handed over: e got %v, %v; want b's port %d", e.front, err, nodes["b"].front.port)
+	if err != nil || e.front.port != bPort {
+		t.Errorf("after b was handed over: e got %v, %v; want b's port %d", e.front, err, bPort)
 	}
 	for _, n := range []*node{nodes["a"], nodes["c"], e} {
 		b.closeFront(n)

@@ -54,8 +54,8 @@ type node struct {
 	// (false too while it has no broker connection); the Lease is
 	// renewed only while it is true.
 	online bool
-	// front is the node's kubelet API at the bridge (kubelet.go); nil
-	// when the bridge serves none.
+	// front is the node's kubelet API at the bridge (kubelet.go), under
+	// b.mu; nil when the bridge serves none.
 	front *front
 }
 
@@ -211,7 +211,9 @@ func (n *node) halt() {
 	}
 	n.cancel()
 	<-n.done
-	n.b.closeFront(n)
+	if n.b.kubelet != nil {
+		n.b.closeFront(n)
+	}
 	n.st.Close()
 	n.b.log.Info("mqtt node handed over", "node", n.name)
 }
@@ -289,11 +291,14 @@ func (n *node) sealKey() *mqtt.SealPublicKey {
 }
 
 func (n *node) nodeFacts() kube.NodeFacts {
+	n.b.mu.Lock()
+	fr := n.front
+	n.b.mu.Unlock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	f := n.facts
-	if n.front != nil {
-		f.Status = n.b.kubeletFacts(f.Status, n.front.port)
+	if fr != nil {
+		f.Status = n.b.kubeletFacts(f.Status, fr.port)
 	}
 	return f
 }

@@ -39,8 +39,8 @@ const (
 	shardPrefix = "outpost-bridge-shard-"
 	memberPfx   = "outpost-bridge-member-"
 	// LeaseDuration and RenewInterval are the shard and member Leases'.
-	LeaseDuration = 6 * time.Second
-	RenewInterval = 1500 * time.Millisecond
+	LeaseDuration = 8 * time.Second
+	RenewInterval = 2 * time.Second
 	// giveUp is how long after its last renew a replica stops serving a
 	// shard it could not renew: before anyone may take it.
 	giveUp = LeaseDuration - 3*time.Second

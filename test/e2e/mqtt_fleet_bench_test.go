@@ -27,7 +27,9 @@ var bridgeShardOf = bridge.ShardOf
 // 5 minutes, measured over BENCH_FLEET_DURATION (5m). With
 // BENCH_FLEET_REPLICAS=2 two replicas share the fleet (16 shards), and
 // halfway through the run one is killed: it reports each one's CPU and
-// RSS before, and how long its nodes took to move. It reports the lag
+// RSS before, and how long its nodes took to move. The bridge serves
+// the nodes' kubelet API (a port each) unless BENCH_FLEET_KUBELET=0. It
+// reports the lag
 // from a status's publish to the API server (p50, p99), the bridge's CPU
 // (share of one core) and RSS, and the CPU of mosquitto, kube-apiserver
 // and etcd beside it, so the limit shows. The targets (issue 19): p99
@@ -58,6 +60,11 @@ func BenchmarkMQTTFleet(b *testing.B) {
 			b.Fatal(err)
 		}
 		cfg = []byte(strings.Replace(string(cfg), "mqtt:\n", "mqtt:\n  signingKeyFile: "+key+"\n", 1))
+		if os.Getenv("BENCH_FLEET_KUBELET") != "0" {
+			// The nodes' kubelet API, as packaging/bridge/deployment.yaml
+			// serves it: a port per node (BENCH_FLEET_KUBELET=0: none).
+			cfg = fmt.Appendf(cfg, "kubeletAPI: {address: 127.0.0.1, ports: 20000-24999, clientCAFile: %s}\n", api.ClientCAFile)
+		}
 		if err := os.WriteFile(s.bridgeCfg, cfg, 0o644); err != nil {
 			b.Fatal(err)
 		}
