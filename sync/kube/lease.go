@@ -77,6 +77,29 @@ func (n *nodeLoop) renewLease(ctx context.Context) error {
 	return fmt.Errorf("renew lease %s/%s: %d conflicts in a row", corev1.NamespaceNodeLease, name, maxLeaseTries)
 }
 
+// renewExisting renews the Lease if there is one, and reports whether it
+// did; a Lease not found is not an error (connect creates it once the
+// Node is known).
+func (n *nodeLoop) renewExisting(ctx context.Context) (bool, error) {
+	var got coordv1.Lease
+	err := n.s.deps.Client.Coordination.Get().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(n.s.cfg.NodeName).
+		Timeout(n.requestTimeout()).Do(ctx).Into(&got)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get lease %s/%s: %w", corev1.NamespaceNodeLease, n.s.cfg.NodeName, err)
+	}
+	n.lease = keptLease(&got)
+	if err := n.s.writes.wait(ctx); err != nil {
+		return false, err
+	}
+	if err := n.renewLease(ctx); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // keptLease is l as the node keeps it between renewals: without its
 // managedFields, which an update that omits them leaves as they are on
 // the server. A bridge keeps a Lease for each of thousands of nodes.

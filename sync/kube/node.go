@@ -110,22 +110,33 @@ type nodeLoop struct {
 
 // connect brings the link up: Node, then its status, then the Lease.
 func (n *nodeLoop) connect(ctx context.Context) error {
+	// With LeaseFirst, the Lease before the Node is even read, when it
+	// exists: it is what says the node is alive (its owner reference is
+	// kept as it is).
+	renewed := false
+	if n.lease == nil && n.s.cfg.LeaseFirst {
+		var err error
+		if renewed, err = n.renewExisting(ctx); err != nil && isLinkDown(err) {
+			return err
+		}
+	}
 	created, err := n.ensureNode(ctx)
 	if err != nil {
 		return err
 	}
-	// The Lease first: it is what says the node is alive, and a bridge
-	// replica taking over a thousand nodes at once has each renew it one
-	// round of requests sooner.
-	if err := n.s.writes.wait(ctx); err != nil {
-		return err
-	}
-	err = n.renewLease(ctx)
-	if errors.Is(err, errLeaseGone) {
-		err = n.renewLease(ctx) // the Node was looked at just above
-	}
-	if err != nil {
-		return err
+	if !renewed {
+		// Then the Lease: a bridge replica taking over a thousand nodes
+		// at once has each renew it before its status.
+		if err := n.s.writes.wait(ctx); err != nil {
+			return err
+		}
+		err = n.renewLease(ctx)
+		if errors.Is(err, errLeaseGone) {
+			err = n.renewLease(ctx) // the Node was looked at just above
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if !created {
 		// The node controller may have marked the Node Unknown while we

@@ -1362,3 +1362,48 @@ func TestAbsentNodeLeaseNotRenewed(t *testing.T) {
 		t.Errorf("backoff timers %v on the way back, want none", timers)
 	}
 }
+
+// TestNodeLoopLeaseFirst: a Syncer with LeaseFirst (a bridge replica
+// taking a node over) renews the node's existing Lease before it reads
+// the Node, keeping the Lease's owner; without a Lease it registers as
+// any node does.
+func TestNodeLoopLeaseFirst(t *testing.T) {
+	api, rc := ndFakeAPI(t, "n1")
+	first, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
+	stop := ndRun(t, first.runNode)
+	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
+	stop()
+	want := []string{
+		"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 404",
+		"GET /api/v1/nodes/n1 404", "POST /api/v1/nodes 201",
+		"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 404",
+		"POST /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases 201",
+	}
+	if got := api.log(0); !slices.Equal(got, want) {
+		t.Fatalf("first registration\n got %q\nwant %q", got, want)
+	}
+	api.mu.Lock()
+	owners := api.lease.DeepCopy().OwnerReferences
+	from := len(api.requests)
+	api.mu.Unlock()
+
+	later := ndEpoch.Add(30 * time.Second)
+	taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(later)})
+	ndRun(t, taker.runNode)
+	spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
+	got := api.log(from)
+	want = []string{
+		"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+		"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+		"GET /api/v1/nodes/n1 200",
+	}
+	if len(got) < len(want) || !slices.Equal(got[:len(want)], want) || slices.Contains(got[len(want):], want[1]) {
+		t.Fatalf("take-over requests\n got %q\nwant %q first and no second renewal", got, want)
+	}
+	api.mu.Lock()
+	lease := api.lease.DeepCopy()
+	api.mu.Unlock()
+	if !lease.Spec.RenewTime.Time.Equal(later) || !slices.Equal(lease.OwnerReferences, owners) {
+		t.Errorf("lease renewed at %v with owners %+v, want %v and %+v", lease.Spec.RenewTime, lease.OwnerReferences, later, owners)
+	}
+}
