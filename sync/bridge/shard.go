@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -142,6 +143,7 @@ func (s *sharder) tick(ctx context.Context) {
 	// removed), and who else is alive.
 	if m := byName[memberPfx+s.id]; s.member == nil || m == nil || holder(m) != s.id {
 		if m := s.write(ctx, m, memberPfx+s.id, "member"); m != nil {
+			s.wrote(m)
 			s.member = m
 		}
 	}
@@ -178,23 +180,39 @@ func (s *sharder) tick(ctx context.Context) {
 	}
 	// Take free or expired shards up to the share, starting at a place
 	// of this replica's own so that replicas starting together do not
-	// all reach for the same ones.
+	// all reach for the same ones. The takes go at once, as the
+	// renewals do: one after another, under load, the last of eight
+	// waited for the seven before it.
 	start := ShardOf(s.id, s.n)
-	for k := 0; k < s.n && len(s.held) < share; k++ {
+	var want []int
+	for k := 0; k < s.n && len(s.held)+len(want) < share; k++ {
 		i := (start + k) % s.n
 		if s.held[i] != nil {
 			continue
 		}
+		l := byName[shardPrefix+strconv.Itoa(i)]
+		// A Lease that names this replica is its own, though it does
+		// not hold it: a take applied whose answer was lost (timed
+		// out under load). Waiting for it to expire would start its
+		// nodes LeaseDuration later than the others.
+		if l != nil && !expired(l) && holder(l) != s.id {
+			continue
+		}
+		want = append(want, i)
+	}
+	taken := make([]*coordv1.Lease, len(want))
+	var wg sync.WaitGroup
+	for k, i := range want {
 		name := shardPrefix + strconv.Itoa(i)
-		l := byName[name]
-		if l != nil && !expired(l) {
+		wg.Go(func() { taken[k] = s.write(ctx, byName[name], name, "shard") })
+	}
+	wg.Wait()
+	for k, i := range want {
+		if taken[k] == nil {
 			continue
 		}
-		got := s.write(ctx, l, name, "shard")
-		if got == nil {
-			continue
-		}
-		s.held[i], s.renewed[i] = got, now
+		s.wrote(taken[k])
+		s.held[i], s.renewed[i] = taken[k], now
 		s.b.log.Info("bridge shard taken", "shard", i, "replicas", live, "share", share)
 		s.b.gainShard(i)
 	}
@@ -301,7 +319,7 @@ func (s *sharder) renew(ctx context.Context, l *coordv1.Lease) (*coordv1.Lease, 
 // write creates the Lease name (when old is nil) or updates old, held
 // by this replica and renewed now; it returns the Lease written, or nil
 // when it was not (someone else wrote it first, or the API server
-// failed).
+// failed). It touches nothing of s, so writes may go at once.
 func (s *sharder) write(ctx context.Context, old *coordv1.Lease, name, kind string) *coordv1.Lease {
 	now := metav1.NewMicroTime(s.b.deps.Clock.Now())
 	dur := int32(LeaseDuration / time.Second)
@@ -339,8 +357,12 @@ func (s *sharder) write(ctx context.Context, old *coordv1.Lease, name, kind stri
 		}
 		return nil
 	}
-	s.seen[name] = observed{rv: got.ResourceVersion, seen: s.b.deps.Clock.Now()}
 	return &got
+}
+
+// wrote records a Lease this replica wrote as seen now.
+func (s *sharder) wrote(l *coordv1.Lease) {
+	s.seen[l.Name] = observed{rv: l.ResourceVersion, seen: s.b.deps.Clock.Now()}
 }
 
 // expireHeld stops the shards not renewed for giveUp (the API server
