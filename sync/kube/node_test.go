@@ -1407,3 +1407,41 @@ func TestNodeLoopLeaseFirst(t *testing.T) {
 		t.Errorf("lease renewed at %v with owners %+v, want %v and %+v", lease.Spec.RenewTime, lease.OwnerReferences, later, owners)
 	}
 }
+
+// TestRenewNodeLease: a Lease renewed by RenewNodeLease (a bridge
+// replica's bulk renewal at a take-over) is what the node's Syncer
+// starts from: its connect reads the Node and writes the Lease, without
+// reading the Lease again. A node without a Lease gets none from it.
+func TestRenewNodeLease(t *testing.T) {
+	api, rc := ndFakeAPI(t, "n1")
+	client, err := NewClient(rc, "outpost-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := RenewNodeLease(t.Context(), client, "n1", DefaultLeaseDuration, ndEpoch); l != nil || err != nil {
+		t.Fatalf("no Lease yet: %v, %v; want nil, nil", l, err)
+	}
+	first, _ := ndSyncer(t, rc, Config{NodeName: "n1"}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
+	stop := ndRun(t, first.runNode)
+	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
+	stop()
+
+	later := ndEpoch.Add(30 * time.Second)
+	l, err := RenewNodeLease(t.Context(), client, "n1", DefaultLeaseDuration, later)
+	if err != nil || l == nil || !l.Spec.RenewTime.Time.Equal(later) || *l.Spec.HolderIdentity != "n1" || *l.Spec.LeaseDurationSeconds != 40 {
+		t.Fatalf("renewed: %+v, %v", l, err)
+	}
+	api.mu.Lock()
+	from := len(api.requests)
+	api.mu.Unlock()
+	taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: l}, newNDFacts(), &ndClock{Fake: clocktest.New(later)})
+	ndRun(t, taker.runNode)
+	spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
+	want := []string{
+		"GET /api/v1/nodes/n1 200",
+		"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+	}
+	if got := api.log(from); len(got) < 2 || !slices.Equal(got[:2], want) {
+		t.Errorf("connect from a renewed Lease\n got %q\nwant %q first", got, want)
+	}
+}
