@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -149,9 +148,6 @@ type Bridge struct {
 	proxy           *httputil.ReverseProxy
 	ports           map[int]string
 	knownPorts      map[string]int
-	// leases are node Leases renewLeases renewed, which their Syncers
-	// start from (taken by newNode).
-	leases map[string]*coordv1.Lease
 }
 
 // Stats are the bridge's counters.
@@ -194,7 +190,7 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 		cfg: cfg, deps: deps, log: deps.Log, nodes: map[string]*node{},
 		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
 		held: map[int]bool{}, heard: map[string]*heard{},
-		ports: map[int]string{}, knownPorts: map[string]int{}, leases: map[string]*coordv1.Lease{},
+		ports: map[int]string{}, knownPorts: map[string]int{},
 	}
 	if cfg.Kubelet.enabled() {
 		b.tunnel = b.newTunnel()
@@ -354,15 +350,12 @@ func (b *Bridge) gainShard(i int) {
 	// (max_queued_messages), which then dropped them and live statuses
 	// of other nodes alike; the pod statuses of the move are what was
 	// heard lately (heard.recent).
-	var names, unknown, online []string
+	var names, unknown []string
 	for name, h := range b.heard {
 		if ShardOf(name, b.cfg.Shards) == i {
 			names = append(names, name)
 			if h.status == nil || !h.known {
 				unknown = append(unknown, name)
-			}
-			if h.known && h.online && b.nodes[name] == nil {
-				online = append(online, name)
 			}
 		}
 	}
@@ -379,7 +372,6 @@ func (b *Bridge) gainShard(i int) {
 	b.wg.Go(func() { b.adoptNodes(ctx) })
 	if len(names) > 0 {
 		b.wg.Go(func() {
-			b.renewLeases(ctx, online)
 			for _, name := range names {
 				if ctx.Err() != nil {
 					return
@@ -391,42 +383,6 @@ func (b *Bridge) gainShard(i int) {
 			}
 		})
 	}
-}
-
-// leaseWorkers is how many node Leases renewLeases renews at once.
-const leaseWorkers = 16
-
-// renewLeases renews the Leases of nodes taken over that are online,
-// many at once, before their Syncers start (each then starts from its
-// Lease, kube.Config.Lease): the Lease is what keeps a node Ready, and
-// starting a thousand nodes' Syncers took this 2-core machine 5 s, their
-// every request beside their Leases'.
-func (b *Bridge) renewLeases(ctx context.Context, names []string) {
-	work := make(chan string)
-	var wg sync.WaitGroup
-	for range min(leaseWorkers, len(names)) {
-		wg.Go(func() {
-			for name := range work {
-				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				l, err := kube.RenewNodeLease(rctx, b.deps.Client, name, kube.DefaultLeaseDuration, b.deps.Clock.Now())
-				cancel()
-				if err != nil || l == nil {
-					continue // its Syncer renews it, or registers the node
-				}
-				b.mu.Lock()
-				b.leases[name] = l
-				b.mu.Unlock()
-			}
-		})
-	}
-	for _, name := range names {
-		select {
-		case work <- name:
-		case <-ctx.Done():
-		}
-	}
-	close(work)
-	wg.Wait()
 }
 
 // loseShard stops serving shard i, and returns once its nodes stopped.

@@ -237,13 +237,12 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	labels := map[string]string{LabelTransport: "mqtt"}
 	maps.Copy(labels, b.cfg.Labels)
 	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst,
-		StatusAfterPodsListed: true, Offload: true, LeaseFirst: true, Lease: b.leases[name]},
+		StatusAfterPodsListed: true, Offload: true, LeaseFirst: true},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log, NodeFacts: n.nodeFacts})
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
-	delete(b.leases, name)
 	// Away until its online topic says otherwise.
 	n.kube.SetPresent(false)
 	n.token = n.pods.PodToken

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -76,31 +75,6 @@ func (n *nodeLoop) renewLease(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("renew lease %s/%s: %d conflicts in a row", corev1.NamespaceNodeLease, name, maxLeaseTries)
-}
-
-// RenewNodeLease renews node's Lease, if it has one, as the node's own
-// loop would (held by the node for leaseDuration, renewed at now), and
-// returns it for Config.Lease; nil when there is none. A bridge replica
-// that takes over a thousand nodes renews their Leases with it, many at
-// once, before it starts their Syncers.
-func RenewNodeLease(ctx context.Context, c *Client, node string, leaseDuration time.Duration, now time.Time) (*coordv1.Lease, error) {
-	var l coordv1.Lease
-	err := c.Coordination.Get().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(node).Do(ctx).Into(&l)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get lease %s/%s: %w", corev1.NamespaceNodeLease, node, err)
-	}
-	seconds := int32(max(1, leaseDuration.Seconds()))
-	l.Spec.HolderIdentity = &node
-	l.Spec.LeaseDurationSeconds = &seconds
-	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
-	var got coordv1.Lease
-	if err := c.Coordination.Put().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(node).Body(&l).Do(ctx).Into(&got); err != nil {
-		return nil, fmt.Errorf("renew lease %s/%s: %w", corev1.NamespaceNodeLease, node, err)
-	}
-	return keptLease(&got), nil
 }
 
 // renewExisting renews the Lease if there is one, and reports whether it

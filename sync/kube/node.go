@@ -40,7 +40,7 @@ import (
 // ends. An API server that cannot be reached or rejects the credential is
 // logged (once per kind of failure) and retried; it never stops Run.
 func (s *Syncer) runNode(ctx context.Context) {
-	n := &nodeLoop{s: s, lease: s.cfg.Lease}
+	n := &nodeLoop{s: s}
 	b := newReconnectBackoff()
 	for {
 		if s.waitPresent(ctx) != nil {

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -39,11 +38,6 @@ type Config struct {
 	// each connect: a bridge replica taking over a thousand nodes has
 	// each say it is alive after two requests rather than three.
 	LeaseFirst bool
-	// Lease is the node's Lease as just renewed by someone else
-	// (RenewNodeLease: a bridge replica renews a thousand nodes' Leases
-	// at once before it starts their Syncers); the first connect starts
-	// from it instead of reading it.
-	Lease *coordv1.Lease
 	// Offload has each loop do its work (requests, store reads) on a
 	// goroutine of its own that ends with it, for a Syncer that is one of
 	// thousands in a process (the bridge's, per node): a loop's own
@@ -95,7 +89,7 @@ func (c *Config) setDefaults() {
 		c.WriteBurst = 2 * int(c.WriteQPS)
 	}
 	if c.LeaseDuration <= 0 {
-		c.LeaseDuration = DefaultLeaseDuration
+		c.LeaseDuration = 40 * time.Second
 	}
 	if c.RenewInterval <= 0 {
 		c.RenewInterval = 10 * time.Second
@@ -323,9 +317,6 @@ func (s *Syncer) setNodeSynced() {
 		s.broadcast()
 	}
 }
-
-// DefaultLeaseDuration is Config.LeaseDuration's default, kubelet's.
-const DefaultLeaseDuration = 40 * time.Second
 
 // WaitNodeSynced blocks until the link is up and the Node and its Lease
 // were written since, or ctx ends.
