@@ -261,7 +261,6 @@ func (n *node) runAll(ctx context.Context) {
 	if n.b.feed != nil {
 		defer n.b.feed.Remove(n.name)
 		wg.Go(func() {
-			n.leaseFirst(ctx)
 			// The list wrote the node's every pod: its pages go from the
 			// bridge's RSS at once, not at the next unmapStores.
 			if n.b.feed.Add(ctx, n.name, n.st) == nil {
@@ -282,34 +281,6 @@ func (n *node) runAll(ctx context.Context) {
 	// a bridge runs this for every node.
 	n.pub.loop(ctx)
 	wg.Wait()
-}
-
-// listAfter is how long a node's pods wait to be listed for its Lease
-// to be renewed (leaseFirst).
-const listAfter = 10 * time.Second
-
-// leaseFirst waits until the node's Lease was renewed, or listAfter
-// passed (a node away renews none, and its pods are published all the
-// same): a replica taking over a thousand nodes has their Leases renewed
-// ahead of the thousand lists of their pods, which the API server would
-// otherwise answer first.
-func (n *node) leaseFirst(ctx context.Context) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	synced := make(chan struct{})
-	go func() {
-		defer close(synced)
-		n.kube.WaitNodeSynced(wctx)
-	}()
-	t := n.b.deps.Clock.NewTimer(listAfter)
-	defer t.Stop()
-	select {
-	case <-synced:
-	case <-t.C():
-	case <-ctx.Done():
-	}
-	cancel()
-	<-synced
 }
 
 // sealKey is the node's public seal key, nil while it is not known.

@@ -318,10 +318,6 @@ func (s *Syncer) setNodeSynced() {
 	}
 }
 
-// WaitNodeSynced blocks until the link is up and the Node and its Lease
-// were written since, or ctx ends.
-func (s *Syncer) WaitNodeSynced(ctx context.Context) error { return s.waitNodeSynced(ctx) }
-
 // waitNodeSynced blocks until the link is up and the Node was written
 // since, so pod statuses never reach the API server before the node's.
 func (s *Syncer) waitNodeSynced(ctx context.Context) error {
