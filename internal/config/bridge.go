@@ -62,8 +62,16 @@ type BridgeKubeletAPI struct {
 
 // PortRange returns Ports as numbers (valid after LoadBridge).
 func (k BridgeKubeletAPI) PortRange() (first, last int) {
-	fmt.Sscanf(k.Ports, "%d-%d", &first, &last)
+	first, last, _ = parsePorts(k.Ports)
 	return first, last
+}
+
+// parsePorts reads "FIRST-LAST", each a port, FIRST ≤ LAST, spelled
+// without leading zeros or signs.
+func parsePorts(s string) (first, last int, ok bool) {
+	n, err := fmt.Sscanf(s, "%d-%d", &first, &last)
+	ok = n == 2 && err == nil && first >= 1 && last <= 65535 && first <= last && fmt.Sprintf("%d-%d", first, last) == s
+	return first, last, ok
 }
 
 // IdleTimeout returns StreamIdleTimeout (valid after LoadBridge).
@@ -165,8 +173,7 @@ func ParseBridge(name string, data []byte) (Bridge, error) {
 		if k.Listen != "" && net.ParseIP(k.Listen) == nil {
 			bad("kubeletAPI.listen", "%q is not an IP address", k.Listen)
 		}
-		var first, last int
-		if n, err := fmt.Sscanf(k.Ports, "%d-%d", &first, &last); n != 2 || err != nil || first < 1 || last > 65535 || first > last || fmt.Sprintf("%d-%d", first, last) != k.Ports {
+		if _, _, ok := parsePorts(k.Ports); !ok {
 			bad("kubeletAPI.ports", "%q is not a range of ports FIRST-LAST (such as 20000-29999)", k.Ports)
 		}
 		if (k.TLSCertFile == "") != (k.TLSKeyFile == "") {

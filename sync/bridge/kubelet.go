@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
@@ -181,9 +180,7 @@ func (b *Bridge) preferredPort(name string) int {
 	if p := b.knownPorts[name]; p >= k.FirstPort && p <= k.LastPort {
 		return p
 	}
-	h := fnv.New32a()
-	h.Write([]byte(name))
-	return k.FirstPort + int(h.Sum32()%uint32(k.LastPort-k.FirstPort+1))
+	return k.FirstPort + ShardOf(name, k.LastPort-k.FirstPort+1)
 }
 
 // openFront gives node a port of its own; b.mu is held.
