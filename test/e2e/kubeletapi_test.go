@@ -120,7 +120,15 @@ func startDebugNode(t testing.TB) (*env.APIServer, *admin, *node, string) {
 	n.appendConfig(fmt.Sprintf("server:\n  clientCAFile: %s\n", api.ClientCAFile))
 	n.start()
 	healthyNode(t, adm, n.name)
-	adm.create("pods", debugPod(n.name))
+	runDebugPod(t, api, adm, n.name)
+	return api, adm, n, nodeIP
+}
+
+// runDebugPod runs debugPod on node, waits for three of its containers
+// to run, and applies debugRole.
+func runDebugPod(t testing.TB, api *env.APIServer, adm *admin, node string) {
+	t.Helper()
+	adm.create("pods", debugPod(node))
 	within(90*time.Second).For(t, "debug pod running", func() (bool, string) {
 		p, err := adm.pod("debug")
 		if err != nil {
@@ -135,7 +143,16 @@ func startDebugNode(t testing.TB) (*env.APIServer, *admin, *node, string) {
 		return running >= 3 && p.Status.Phase == corev1.PodRunning, asJSON(p.Status.ContainerStatuses)
 	})
 	api.Kubectl(t, "apply", "-f", writeTemp(t, "role.yaml", debugRole))
-	return api, adm, n, nodeIP
+}
+
+// debugKubectl runs kubectl as kubeconfig's user within ctx, each command
+// within a minute, so one that hangs fails alone.
+func debugKubectl(ctx context.Context, t testing.TB, kubeconfig string) func(stdin io.Reader, args ...string) (string, int) {
+	return func(stdin io.Reader, args ...string) (string, int) {
+		c, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		return kubectlAs(c, t, kubeconfig, stdin, args...)
+	}
 }
 
 // TestKubeletAPI drives the agent's kubelet API through a real API server
@@ -150,141 +167,21 @@ func TestKubeletAPI(t *testing.T) {
 	dev, _ := userKubeconfig(t, api, "dev")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	// Each kubectl has a minute, so one that hangs fails alone.
-	kc := func(stdin io.Reader, args ...string) (string, int) {
-		c, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		return kubectlAs(c, t, dev, stdin, args...)
-	}
+	kc := debugKubectl(ctx, t, dev)
 
 	t.Run("logs", func(t *testing.T) {
-		if out, code := kc(nil, "logs", "debug", "-c", "log"); code != 0 || out != "line 1\nline 2\nline 3\nline 4\nline 5\n" {
-			t.Errorf("logs: %d %q", code, out)
-		}
-		if out, code := kc(nil, "logs", "debug", "-c", "log", "--tail", "2"); code != 0 || out != "line 4\nline 5\n" {
-			t.Errorf("logs --tail 2: %d %q", code, out)
-		}
 		if out, code := kc(nil, "logs", "debug", "-c", "log", "--since", "1h"); code != 0 || !strings.HasPrefix(out, "line 1\n") {
 			t.Errorf("logs --since 1h: %d %q", code, out)
 		}
 		if out, code := kc(nil, "logs", "debug", "-c", "log", "--timestamps", "--tail", "1"); code != 0 || !strings.HasSuffix(out, "Z line 5\n") {
 			t.Errorf("logs --timestamps: %d %q", code, out)
 		}
-		if out, code := kc(nil, "logs", "debug", "-c", "nope"); code == 0 || !strings.Contains(out, "nope") {
-			t.Errorf("logs of an unknown container: %d %q", code, out)
-		}
-		// --previous: the crashing container's earlier attempt.
-		within(60*time.Second).For(t, "crash container restarted", func() (bool, string) {
-			p, err := adm.pod("debug")
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.Name == "crash" {
-					return cs.RestartCount >= 1, fmt.Sprint(cs.RestartCount)
-				}
-			}
-			return false, "no crash status"
-		})
-		if out, code := kc(nil, "logs", "debug", "-c", "crash", "--previous"); code != 0 || !strings.HasPrefix(out, "attempt ") {
-			t.Errorf("logs --previous: %d %q", code, out)
-		}
-		// -f ends by itself when the followed attempt exits.
-		start := time.Now()
-		fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
-		out, code := kubectlAs(fctx, t, dev, nil, "logs", "-f", "debug", "-c", "crash")
-		fcancel()
-		if code != 0 || !strings.Contains(out, "attempt ") || time.Since(start) > 25*time.Second {
-			t.Errorf("logs -f of a crashing container: %d %q after %v", code, out, time.Since(start))
-		}
+		testDebugLogs(t, ctx, adm, dev)
 	})
 
-	t.Run("exec", func(t *testing.T) {
-		if out, code := kc(nil, "exec", "debug", "-c", "log", "--", "sh", "-c", "echo out; echo err >&2; exit 3"); code != 3 || !strings.Contains(out, "out\n") || !strings.Contains(out, "err\n") {
-			t.Errorf("exec with exit 3: %d %q", code, out)
-		}
-		if out, code := kc(strings.NewReader("one\ntwo\n"), "exec", "-i", "debug", "-c", "log", "--", "wc", "-l"); code != 0 || strings.TrimSpace(out) != "2" {
-			t.Errorf("exec -i wc -l: %d %q", code, out)
-		}
-		// -it needs a terminal on kubectl's side: script(1) gives it one.
-		script := fmt.Sprintf("%s --kubeconfig %s exec -it debug -c log -- sh -c 'tty; stty size; read x; echo typed $x'", env.Tool(t, "kubectl"), dev)
-		ictx, icancel := context.WithTimeout(ctx, time.Minute)
-		defer icancel()
-		cmd := exec.CommandContext(ictx, "script", "-qec", script, "/dev/null")
-		cmd.Stdin = strings.NewReader("hello\n")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "/dev/pts/") || !strings.Contains(string(out), "typed hello") {
-			t.Errorf("exec -it: %v %q", err, out)
-		}
-	})
-
-	t.Run("attach", func(t *testing.T) {
-		actx, acancel := context.WithTimeout(ctx, 20*time.Second)
-		defer acancel()
-		cmd := exec.CommandContext(actx, env.Tool(t, "kubectl"), "--kubeconfig", dev, "attach", "-i", "debug", "-c", "echo")
-		pr, pw := io.Pipe()
-		cmd.Stdin = pr
-		stdout, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Process.Kill()
-		lines := bufio.NewScanner(stdout)
-		got := make(chan string, 8)
-		go func() {
-			for lines.Scan() {
-				got <- lines.Text()
-			}
-			close(got)
-		}()
-		// The attach may take a moment to join: write until answered.
-		deadline := time.After(15 * time.Second)
-		tick := time.NewTicker(500 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case l, ok := <-got:
-				if !ok {
-					t.Fatal("kubectl attach ended without an answer")
-				}
-				if l == "got ping" {
-					pw.Close()
-					return
-				}
-			case <-tick.C:
-				fmt.Fprintln(pw, "ping")
-			case <-deadline:
-				t.Fatal("no answer through kubectl attach")
-			}
-		}
-	})
-
-	t.Run("port-forward", func(t *testing.T) {
-		local := env.FreePort(t)
-		pctx, pcancel := context.WithCancel(ctx)
-		defer pcancel()
-		cmd := exec.CommandContext(pctx, env.Tool(t, "kubectl"), "--kubeconfig", dev, "port-forward", "pod/debug", fmt.Sprintf("%d:8080", local))
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { pcancel(); cmd.Wait() }()
-		var body string
-		within(20*time.Second).For(t, "a page through kubectl port-forward", func() (bool, string) {
-			resp, err := (&http.Client{Timeout: 3 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
-			if err != nil {
-				return false, err.Error()
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			body = string(b)
-			return resp.StatusCode == 200, fmt.Sprint(resp.StatusCode, " ", body)
-		})
-		if body != "hello-from-pod\n" {
-			t.Errorf("port-forward page: %q", body)
-		}
-	})
+	t.Run("exec", func(t *testing.T) { testDebugExec(t, ctx, dev) })
+	t.Run("attach", func(t *testing.T) { testDebugAttach(t, ctx, dev, 15*time.Second) })
+	t.Run("port-forward", func(t *testing.T) { testDebugPortForward(t, ctx, dev, 20*time.Second) })
 
 	t.Run("metrics", func(t *testing.T) {
 		raw := api.Kubectl(t, "get", "--raw", "/api/v1/nodes/"+n.name+"/proxy/metrics")
@@ -456,5 +353,141 @@ func (n *node) appendConfig(yaml string) {
 	defer f.Close()
 	if _, err := f.WriteString(yaml); err != nil {
 		n.t.Fatal(err)
+	}
+}
+
+// testDebugLogs runs kubectl logs as user dev (kubeconfig) on runDebugPod's
+// pod: whole, --tail, an unknown container, --previous of the crashing
+// container, and -f ending with the followed attempt.
+func testDebugLogs(t *testing.T, ctx context.Context, adm *admin, dev string) {
+	kc := debugKubectl(ctx, t, dev)
+	if out, code := kc(nil, "logs", "debug", "-c", "log"); code != 0 || out != "line 1\nline 2\nline 3\nline 4\nline 5\n" {
+		t.Errorf("logs: %d %q", code, out)
+	}
+	if out, code := kc(nil, "logs", "debug", "-c", "log", "--tail", "2"); code != 0 || out != "line 4\nline 5\n" {
+		t.Errorf("logs --tail 2: %d %q", code, out)
+	}
+	if out, code := kc(nil, "logs", "debug", "-c", "nope"); code == 0 || !strings.Contains(out, "nope") {
+		t.Errorf("logs of an unknown container: %d %q", code, out)
+	}
+	// --previous: the crashing container's earlier attempt.
+	within(60*time.Second).For(t, "crash container restarted", func() (bool, string) {
+		p, err := adm.pod("debug")
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name == "crash" {
+				return cs.RestartCount >= 1, fmt.Sprint(cs.RestartCount)
+			}
+		}
+		return false, "no crash status"
+	})
+	if out, code := kc(nil, "logs", "debug", "-c", "crash", "--previous"); code != 0 || !strings.HasPrefix(out, "attempt ") {
+		t.Errorf("logs --previous: %d %q", code, out)
+	}
+	// -f ends by itself when the followed attempt exits.
+	start := time.Now()
+	fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
+	out, code := kubectlAs(fctx, t, dev, nil, "logs", "-f", "debug", "-c", "crash")
+	fcancel()
+	if code != 0 || !strings.Contains(out, "attempt ") || time.Since(start) > 25*time.Second {
+		t.Errorf("logs -f of a crashing container: %d %q after %v", code, out, time.Since(start))
+	}
+}
+
+// testDebugExec runs kubectl exec as dev in runDebugPod's pod: an exit
+// code, stdin, and -it under script(1).
+func testDebugExec(t *testing.T, ctx context.Context, dev string) {
+	kc := debugKubectl(ctx, t, dev)
+	if out, code := kc(nil, "exec", "debug", "-c", "log", "--", "sh", "-c", "echo out; echo err >&2; exit 3"); code != 3 || !strings.Contains(out, "out\n") || !strings.Contains(out, "err\n") {
+		t.Errorf("exec with exit 3: %d %q", code, out)
+	}
+	if out, code := kc(strings.NewReader("one\ntwo\n"), "exec", "-i", "debug", "-c", "log", "--", "wc", "-l"); code != 0 || strings.TrimSpace(out) != "2" {
+		t.Errorf("exec -i wc -l: %d %q", code, out)
+	}
+	// -it needs a terminal on kubectl's side: script(1) gives it one.
+	script := fmt.Sprintf("%s --kubeconfig %s exec -it debug -c log -- sh -c 'tty; stty size; read x; echo typed $x'", env.Tool(t, "kubectl"), dev)
+	ictx, icancel := context.WithTimeout(ctx, time.Minute)
+	defer icancel()
+	cmd := exec.CommandContext(ictx, "script", "-qec", script, "/dev/null")
+	cmd.Stdin = strings.NewReader("hello\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "/dev/pts/") || !strings.Contains(string(out), "typed hello") {
+		t.Errorf("exec -it: %v %q", err, out)
+	}
+}
+
+// testDebugAttach runs kubectl attach -i as dev to runDebugPod's echo
+// container and wants its answer within answer (the command has 5 s
+// more).
+func testDebugAttach(t *testing.T, ctx context.Context, dev string, answer time.Duration) {
+	actx, acancel := context.WithTimeout(ctx, answer+5*time.Second)
+	defer acancel()
+	cmd := exec.CommandContext(actx, env.Tool(t, "kubectl"), "--kubeconfig", dev, "attach", "-i", "debug", "-c", "echo")
+	pr, pw := io.Pipe()
+	cmd.Stdin = pr
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	got := make(chan string, 8)
+	go func() {
+		for lines.Scan() {
+			got <- lines.Text()
+		}
+		close(got)
+	}()
+	// The attach may take a moment to join: write until answered.
+	deadline := time.After(answer)
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case l, ok := <-got:
+			if !ok {
+				t.Fatal("kubectl attach ended without an answer")
+			}
+			if l == "got ping" {
+				pw.Close()
+				return
+			}
+		case <-tick.C:
+			fmt.Fprintln(pw, "ping")
+		case <-deadline:
+			t.Fatal("no answer through kubectl attach")
+		}
+	}
+}
+
+// testDebugPortForward runs kubectl port-forward as dev to runDebugPod's
+// web server, bound to the pod's 127.0.0.1, and wants its page within
+// page.
+func testDebugPortForward(t *testing.T, ctx context.Context, dev string, page time.Duration) {
+	local := env.FreePort(t)
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	cmd := exec.CommandContext(pctx, env.Tool(t, "kubectl"), "--kubeconfig", dev, "port-forward", "pod/debug", fmt.Sprintf("%d:8080", local))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { pcancel(); cmd.Wait() }()
+	var body string
+	within(page).For(t, "a page through kubectl port-forward", func() (bool, string) {
+		resp, err := (&http.Client{Timeout: 3 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
+		if err != nil {
+			return false, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == 200, fmt.Sprint(resp.StatusCode, " ", body)
+	})
+	if body != "hello-from-pod\n" {
+		t.Errorf("port-forward page: %q", body)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -43,149 +42,16 @@ func TestMQTTKubeletAPI(t *testing.T) {
 		port < s.kubeletPorts[0] || port > s.kubeletPorts[1] {
 		t.Fatalf("node's kubelet endpoint: addresses %v, port %d; want the bridge's %s first and a port in %v", node.Status.Addresses, port, s.kubeletIP, s.kubeletPorts)
 	}
-	s.adm.create("pods", debugPod(n.name))
-	within(90*time.Second).For(t, "debug pod running", func() (bool, string) {
-		p, err := s.adm.pod("debug")
-		if err != nil {
-			return false, err.Error()
-		}
-		running := 0
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Running != nil {
-				running++
-			}
-		}
-		return running >= 3 && p.Status.Phase == corev1.PodRunning, asJSON(p.Status.ContainerStatuses)
-	})
-	s.api.Kubectl(t, "apply", "-f", writeTemp(t, "role.yaml", debugRole))
+	runDebugPod(t, s.api, s.adm, n.name)
 	dev, _ := userKubeconfig(t, s.api, "dev")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	kc := func(stdin io.Reader, args ...string) (string, int) {
-		c, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		return kubectlAs(c, t, dev, stdin, args...)
-	}
+	kc := debugKubectl(ctx, t, dev)
 
-	t.Run("logs", func(t *testing.T) {
-		if out, code := kc(nil, "logs", "debug", "-c", "log"); code != 0 || out != "line 1\nline 2\nline 3\nline 4\nline 5\n" {
-			t.Errorf("logs: %d %q", code, out)
-		}
-		if out, code := kc(nil, "logs", "debug", "-c", "log", "--tail", "2"); code != 0 || out != "line 4\nline 5\n" {
-			t.Errorf("logs --tail 2: %d %q", code, out)
-		}
-		if out, code := kc(nil, "logs", "debug", "-c", "nope"); code == 0 || !strings.Contains(out, "nope") {
-			t.Errorf("logs of an unknown container: %d %q", code, out)
-		}
-		within(60*time.Second).For(t, "crash container restarted", func() (bool, string) {
-			p, err := s.adm.pod("debug")
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.Name == "crash" {
-					return cs.RestartCount >= 1, fmt.Sprint(cs.RestartCount)
-				}
-			}
-			return false, "no crash status"
-		})
-		if out, code := kc(nil, "logs", "debug", "-c", "crash", "--previous"); code != 0 || !strings.HasPrefix(out, "attempt ") {
-			t.Errorf("logs --previous: %d %q", code, out)
-		}
-		// -f ends by itself when the followed attempt exits.
-		start := time.Now()
-		fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
-		out, code := kubectlAs(fctx, t, dev, nil, "logs", "-f", "debug", "-c", "crash")
-		fcancel()
-		if code != 0 || !strings.Contains(out, "attempt ") || time.Since(start) > 25*time.Second {
-			t.Errorf("logs -f of a crashing container: %d %q after %v", code, out, time.Since(start))
-		}
-	})
-
-	t.Run("exec", func(t *testing.T) {
-		if out, code := kc(nil, "exec", "debug", "-c", "log", "--", "sh", "-c", "echo out; echo err >&2; exit 3"); code != 3 || !strings.Contains(out, "out\n") || !strings.Contains(out, "err\n") {
-			t.Errorf("exec with exit 3: %d %q", code, out)
-		}
-		if out, code := kc(strings.NewReader("one\ntwo\n"), "exec", "-i", "debug", "-c", "log", "--", "wc", "-l"); code != 0 || strings.TrimSpace(out) != "2" {
-			t.Errorf("exec -i wc -l: %d %q", code, out)
-		}
-		script := fmt.Sprintf("%s --kubeconfig %s exec -it debug -c log -- sh -c 'tty; stty size; read x; echo typed $x'", env.Tool(t, "kubectl"), dev)
-		ictx, icancel := context.WithTimeout(ctx, time.Minute)
-		defer icancel()
-		cmd := exec.CommandContext(ictx, "script", "-qec", script, "/dev/null")
-		cmd.Stdin = strings.NewReader("hello\n")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "/dev/pts/") || !strings.Contains(string(out), "typed hello") {
-			t.Errorf("exec -it: %v %q", err, out)
-		}
-	})
-
-	t.Run("attach", func(t *testing.T) {
-		actx, acancel := context.WithTimeout(ctx, 30*time.Second)
-		defer acancel()
-		cmd := exec.CommandContext(actx, env.Tool(t, "kubectl"), "--kubeconfig", dev, "attach", "-i", "debug", "-c", "echo")
-		pr, pw := io.Pipe()
-		cmd.Stdin = pr
-		stdout, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Process.Kill()
-		got := make(chan string, 8)
-		go func() {
-			lines := bufio.NewScanner(stdout)
-			for lines.Scan() {
-				got <- lines.Text()
-			}
-			close(got)
-		}()
-		deadline := time.After(20 * time.Second)
-		tick := time.NewTicker(500 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case l, ok := <-got:
-				if !ok {
-					t.Fatal("kubectl attach ended without an answer")
-				}
-				if l == "got ping" {
-					pw.Close()
-					return
-				}
-			case <-tick.C:
-				fmt.Fprintln(pw, "ping")
-			case <-deadline:
-				t.Fatal("no answer through kubectl attach")
-			}
-		}
-	})
-
-	t.Run("port-forward", func(t *testing.T) {
-		local := env.FreePort(t)
-		pctx, pcancel := context.WithCancel(ctx)
-		defer pcancel()
-		cmd := exec.CommandContext(pctx, env.Tool(t, "kubectl"), "--kubeconfig", dev, "port-forward", "pod/debug", fmt.Sprintf("%d:8080", local))
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { pcancel(); cmd.Wait() }()
-		var body string
-		within(30*time.Second).For(t, "a page through kubectl port-forward", func() (bool, string) {
-			resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/", local))
-			if err != nil {
-				return false, err.Error()
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			body = string(b)
-			return resp.StatusCode == 200, fmt.Sprint(resp.StatusCode, " ", body)
-		})
-		if body != "hello-from-pod\n" {
-			t.Errorf("port-forward page: %q", body)
-		}
-	})
+	t.Run("logs", func(t *testing.T) { testDebugLogs(t, ctx, s.adm, dev) })
+	t.Run("exec", func(t *testing.T) { testDebugExec(t, ctx, dev) })
+	t.Run("attach", func(t *testing.T) { testDebugAttach(t, ctx, dev, 20*time.Second) })
+	t.Run("port-forward", func(t *testing.T) { testDebugPortForward(t, ctx, dev, 30*time.Second) })
 
 	t.Run("metrics", func(t *testing.T) {
 		raw := s.api.Kubectl(t, "get", "--raw", "/api/v1/nodes/"+n.name+"/proxy/metrics")
