@@ -121,6 +121,15 @@ func (ls *leaseServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(out)
 }
 
+// handTo writes Lease name as another replica holding it, id.
+func (ls *leaseServer) handTo(name, id string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.leases[name].Spec.HolderIdentity = &id
+	ls.rv++
+	ls.leases[name].ResourceVersion = strconv.Itoa(ls.rv)
+}
+
 // withAPI gives b an API server (h) and a scratch directory.
 func withAPI(t *testing.T, b *Bridge, h http.Handler) {
 	t.Helper()
@@ -214,11 +223,8 @@ func TestLostAnswerKeepsTheShard(t *testing.T) {
 			t.Errorf("lease %s renewed at %v, want %v", l.Name, l.Spec.RenewTime, clk.Now())
 		}
 	}
-	other := "bridge-b"
-	ls.leases[shardPrefix+"1"].Spec.HolderIdentity = &other
-	ls.rv++
-	ls.leases[shardPrefix+"1"].ResourceVersion = strconv.Itoa(ls.rv)
 	ls.mu.Unlock()
+	ls.handTo(shardPrefix+"1", "bridge-b")
 	clk.Advance(RenewInterval)
 	s.tick(t.Context())
 	if s.held[1] != nil || s.held[0] == nil {
@@ -235,12 +241,7 @@ func TestLostTakeIsTakenNextRound(t *testing.T) {
 	s, ls := shardTest(t, 2)
 	s.tick(t.Context())
 	clk := s.b.deps.Clock.(*clocktest.Fake)
-	ls.mu.Lock()
-	other := "bridge-b"
-	ls.leases[shardPrefix+"1"].Spec.HolderIdentity = &other
-	ls.rv++
-	ls.leases[shardPrefix+"1"].ResourceVersion = strconv.Itoa(ls.rv)
-	ls.mu.Unlock()
+	ls.handTo(shardPrefix+"1", "bridge-b")
 	clk.Advance(RenewInterval)
 	s.tick(t.Context())
 	if s.held[1] != nil {
