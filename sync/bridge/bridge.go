@@ -9,8 +9,6 @@ import (
 	"maps"
 	"math"
 	"net"
-	"net/http"
-	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"slices"
@@ -139,15 +137,14 @@ type Bridge struct {
 	clusterStop func()
 	// feed watches the pods of every node served, with one watch.
 	feed *kube.PodsFeed
-	// tunnel carries the kubelet API to the nodes, over tunnelTransport;
-	// ports are the nodes' kubelet API ports at this bridge, and
-	// knownPorts those their Nodes had (Config.Kubelet).
-	tunnel          *tunnel.Dialer
-	tunnelTransport *http.Transport
-	kubelet         *kubeletServer
-	proxy           *httputil.ReverseProxy
-	ports           map[int]string
-	knownPorts      map[string]int
+	// tunnel and kubelet are the nodes' kubelet API (Config.Kubelet):
+	// the streams to the nodes and the server in front of them, both
+	// nil without it and until Run; ports are the nodes' ports at this
+	// bridge, and knownPorts those their Nodes had.
+	tunnel     *tunnel.Dialer
+	kubelet    *kubeletServer
+	ports      map[int]string
+	knownPorts map[string]int
 }
 
 // Stats are the bridge's counters.
@@ -191,10 +188,6 @@ func New(cfg Config, deps Deps) (*Bridge, error) {
 		changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
 		held: map[int]bool{}, heard: map[string]*heard{},
 		ports: map[int]string{}, knownPorts: map[string]int{},
-	}
-	if cfg.Kubelet.enabled() {
-		b.tunnel = b.newTunnel()
-		b.tunnelTransport = b.newTunnelTransport()
 	}
 	if cfg.Signer != nil {
 		b.own = mqtt.NewKeyring(cfg.Signer.Public())
@@ -282,9 +275,8 @@ func (b *Bridge) Run(ctx context.Context) error {
 	<-ctx.Done()
 	b.wg.Wait()
 	b.mu.Lock()
-	nodes := slices.Collect(maps.Values(b.nodes))
-	b.mu.Unlock()
-	for _, n := range nodes {
+	defer b.mu.Unlock()
+	for _, n := range b.nodes {
 		n.st.Close()
 	}
 	return nil

@@ -61,9 +61,14 @@ type kubeletServer struct {
 	ports *portSet
 	srv   *http.Server
 	done  chan struct{}
+	// transport carries HTTP over the tunnel, and proxy the requests
+	// let in, to the node their context names.
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
 }
 
-// startKubelet starts the nodes' kubelet API server, with no port yet.
+// startKubelet starts the nodes' kubelet API server, with no port yet,
+// and the tunnel to them.
 func (b *Bridge) startKubelet() error {
 	k := b.cfg.Kubelet
 	host := k.Listen
@@ -82,14 +87,15 @@ func (b *Bridge) startKubelet() error {
 		ClientAuth: tls.RequestClientCert,
 		NextProtos: []string{"http/1.1"},
 	}
-	ks := &kubeletServer{ports: ps, done: make(chan struct{})}
+	b.tunnel = b.newTunnel()
+	ks := &kubeletServer{ports: ps, done: make(chan struct{}), transport: b.newTunnelTransport()}
+	ks.proxy = b.newKubeletProxy(ks.transport)
 	ks.srv = &http.Server{
 		Handler:           http.HandlerFunc(b.serveKubelet),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
 	}
-	b.proxy = b.newKubeletProxy()
 	b.kubelet = ks
 	go func() {
 		defer close(ks.done)
@@ -108,7 +114,7 @@ func (b *Bridge) stopKubelet() {
 	ks.ports.Close()
 	<-ks.done
 	b.tunnel.Close()
-	b.tunnelTransport.CloseIdleConnections()
+	ks.transport.CloseIdleConnections()
 }
 
 // newTunnel makes the bridge's end of the nodes' streams: frames go out
@@ -248,11 +254,11 @@ func (b *Bridge) serveKubelet(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("node %s is not connected to the mqtt broker", n.name), http.StatusServiceUnavailable)
 		return
 	}
-	b.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, n.name)))
+	b.kubelet.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, n.name)))
 }
 
 // newKubeletProxy carries requests to the node their context names.
-func (b *Bridge) newKubeletProxy() *httputil.ReverseProxy {
+func (b *Bridge) newKubeletProxy(transport *http.Transport) *httputil.ReverseProxy {
 	nodeOf := func(r *http.Request) string { s, _ := r.Context().Value(nodeKey{}).(string); return s }
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -263,7 +269,7 @@ func (b *Bridge) newKubeletProxy() *httputil.ReverseProxy {
 			// the bridge stay here.
 			pr.Out.Header.Del("Authorization")
 		},
-		Transport:     b.tunnelTransport,
+		Transport:     transport,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.StatusCode == http.StatusOK && strings.HasPrefix(resp.Request.URL.Path, "/containerLogs/") {

@@ -41,8 +41,6 @@ func kubeletBridge(t *testing.T, first, last int) *Bridge {
 		deps: Deps{Clock: clock.Real{}}, log: slog.New(slog.DiscardHandler),
 		ports: map[int]string{}, knownPorts: map[string]int{}, nodes: map[string]*node{},
 	}
-	b.tunnel = b.newTunnel()
-	b.tunnelTransport = b.newTunnelTransport()
 	if err := b.startKubelet(); err != nil {
 		t.Fatal(err)
 	}
