@@ -27,9 +27,20 @@ const maxLeaseTries = 5
 // that follows finds it gone.)
 var errLeaseGone = errors.New("lease deleted")
 
+// errNoLease says renewExisting found no Lease to renew.
+var errNoLease = errors.New("no lease")
+
 // renewLease writes the Lease with renewTime now, creating it when it
 // does not exist.
-func (n *nodeLoop) renewLease(ctx context.Context) error {
+func (n *nodeLoop) renewLease(ctx context.Context) error { return n.renew(ctx, true) }
+
+// renewExisting renews the Lease only if there is one: errNoLease when
+// there is none (connect creates it once the Node is known).
+func (n *nodeLoop) renewExisting(ctx context.Context) error { return n.renew(ctx, false) }
+
+// renew writes the Lease with renewTime now; a Lease that does not exist
+// is created when create is set.
+func (n *nodeLoop) renew(ctx context.Context, create bool) error {
 	s := n.s
 	name := s.cfg.NodeName
 	c, timeout := s.deps.Client.Coordination, n.requestTimeout()
@@ -40,6 +51,9 @@ func (n *nodeLoop) renewLease(ctx context.Context) error {
 			err := c.Get().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(name).Timeout(timeout).Do(ctx).Into(&got)
 			if apierrors.IsNotFound(err) && held {
 				return fmt.Errorf("renew lease %s/%s: %w", corev1.NamespaceNodeLease, name, errLeaseGone)
+			}
+			if apierrors.IsNotFound(err) && !create {
+				return errNoLease
 			}
 			if apierrors.IsNotFound(err) {
 				err = c.Post().Namespace(corev1.NamespaceNodeLease).Resource("leases").Body(n.desiredLease(nil)).Timeout(timeout).Do(ctx).Into(&got)
@@ -75,29 +89,6 @@ func (n *nodeLoop) renewLease(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("renew lease %s/%s: %d conflicts in a row", corev1.NamespaceNodeLease, name, maxLeaseTries)
-}
-
-// renewExisting renews the Lease if there is one, and reports whether it
-// did; a Lease not found is not an error (connect creates it once the
-// Node is known).
-func (n *nodeLoop) renewExisting(ctx context.Context) (bool, error) {
-	var got coordv1.Lease
-	err := n.s.deps.Client.Coordination.Get().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(n.s.cfg.NodeName).
-		Timeout(n.requestTimeout()).Do(ctx).Into(&got)
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("get lease %s/%s: %w", corev1.NamespaceNodeLease, n.s.cfg.NodeName, err)
-	}
-	n.lease = keptLease(&got)
-	if err := n.s.writes.wait(ctx); err != nil {
-		return false, err
-	}
-	if err := n.renewLease(ctx); err != nil {
-		return false, err
-	}
-	return true, nil
 }
 
 // keptLease is l as the node keeps it between renewals: without its

@@ -115,10 +115,14 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 	// kept as it is).
 	renewed := false
 	if n.lease == nil && n.s.cfg.LeaseFirst {
-		var err error
-		if renewed, err = n.renewExisting(ctx); err != nil && isLinkDown(err) {
+		if err := n.s.writes.wait(ctx); err != nil {
 			return err
 		}
+		err := n.renewExisting(ctx)
+		if err != nil && !errors.Is(err, errNoLease) && isLinkDown(err) {
+			return err
+		}
+		renewed = err == nil
 	}
 	created, err := n.ensureNode(ctx)
 	if err != nil {
