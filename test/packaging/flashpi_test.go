@@ -735,7 +735,17 @@ func (d *loopDev) detach(t *testing.T) {
 	}
 	if out, err := exec.Command("losetup", "-d", d.name).CombinedOutput(); err != nil {
 		t.Errorf("losetup -d %s: %v: %s", d.name, err, out)
+		return
 	}
+	// A device still open (its partitions just unmounted) is only
+	// marked to go when the last user closes it: wait until it has, so
+	// the next flash-pi.sh run does not find it listed before it starts
+	// and gone after (CI saw "/dev/loop0" before, "" after).
+	waittest.Poll{Timeout: 10 * time.Second, Every: 50 * time.Millisecond}.For(t, d.name+" detached from "+d.img, func() (bool, string) {
+		out, _ := exec.Command("losetup", "-n", "-O", "BACK-FILE", d.name).Output()
+		back := strings.TrimSpace(string(out))
+		return back != d.img, back
+	})
 }
 
 // mountRoot mounts the image's root file system on a temporary
