@@ -15,7 +15,7 @@ DIST ?= dist
 # Tools built for the tests (etcd, kube-apiserver, kubectl, registry) live here.
 export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
 
-.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench bench-fleet bench-peers demo lint clean conformance
+.PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench bench-fleet bench-peers soak demo lint clean conformance
 
 build:
 	CGO_ENABLED=0 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
@@ -89,6 +89,14 @@ bench-fleet:
 # charts in docs/img/ (root; see docs/testing.md).
 bench-peers:
 	@GO='$(GO)' scripts/bench-peers.sh
+
+# soak: the reliability trials (docs/soak.md): agent kills during churn,
+# power cuts, a dying disk, the API server away, containerd restarts, a
+# flapping broker, fuzzing and the kubelet API's who-gets-in matrix (root).
+# SOAK_SCALE=quick (default, under 15 minutes) or full (under 90); prints
+# a line per trial and writes dist/soak/report.md.
+soak: testenv
+	@GO='$(GO)' scripts/soak.sh
 
 demo: build
 	@scripts/demo.sh

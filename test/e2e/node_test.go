@@ -54,7 +54,9 @@ func TestMain(m *testing.M) {
 				return 1
 			}
 		}
-		return m.Run()
+		code := m.Run()
+		writeSoakReport()
+		return code
 	}()
 	os.Exit(code)
 }
