@@ -22,12 +22,14 @@ import (
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
 	"github.com/distribution/reference"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -520,7 +522,20 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		unlock()
 		return fmt.Errorf("start %s: %w", id, err)
 	}
-	task, err := c.NewTask(ctx, streamCreator(r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut))
+	creator := streamCreator(r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
+	task, err := c.NewTask(ctx, creator)
+	if errdefs.IsAlreadyExists(err) {
+		// An agent killed while containerd created the task can leave
+		// it in containerd's task list with no process behind it:
+		// loading it says not found, and creating it says it exists.
+		// It is deleted by its ID, and created again.
+		r.deps.Log.Warn("replacing a task containerd lists but cannot load", "container", id)
+		if derr := r.deleteTask(ctx, id); derr != nil {
+			err = fmt.Errorf("%w; deleting it: %v", err, derr)
+		} else {
+			task, err = c.NewTask(ctx, creator)
+		}
+	}
 	unlock()
 	t2 := r.deps.Clock.Now()
 	if err != nil {
@@ -535,6 +550,17 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	r.deps.Log.Debug("start task", "container", id, "group wait", t1.Sub(t0), "create", t2.Sub(t1), "start", r.deps.Clock.Since(t2))
 	if _, err := c.SetLabels(ctx, map[string]string{agent.LabelStartedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
 		return fmt.Errorf("start %s: record start time: %w", id, err)
+	}
+	return nil
+}
+
+// deleteTask kills and deletes the task of container id through the task
+// service, which needs no state from the task's shim.
+func (r *Runtime) deleteTask(ctx context.Context, id string) error {
+	ts := r.client.TaskService()
+	ts.Kill(ctx, &tasks.KillRequest{ContainerID: id, Signal: uint32(syscall.SIGKILL), All: true})
+	if _, err := ts.Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: id}); err != nil && !errdefs.IsNotFound(errgrpc.ToNative(err)) {
+		return errgrpc.ToNative(err)
 	}
 	return nil
 }
