@@ -70,8 +70,8 @@ func (r *soakResult) line() string {
 	return fmt.Sprintf("%-12s %s  %-7s %s", r.name, verdict, r.took.Round(time.Second), r.counts)
 }
 
-// soakTrial is one trial of the suite: its number in docs/soak.md, which
-// orders the run, its name and its function.
+// soakTrial is one trial of the suite: its place in the run (ten times
+// its number in docs/soak.md), its name and its function.
 type soakTrial struct {
 	n    int
 	name string
@@ -81,7 +81,7 @@ type soakTrial struct {
 // soakTrials are the trials of `make soak`, each added by its file's init.
 var soakTrials []soakTrial
 
-// addSoakTrial adds trial n of docs/soak.md to the suite.
+// addSoakTrial adds a trial to the suite, to run in the order of n.
 func addSoakTrial(n int, name string, run func(t *testing.T, sc soakScale, r *soakResult)) {
 	soakTrials = append(soakTrials, soakTrial{n, name, run})
 	sort.Slice(soakTrials, func(i, j int) bool { return soakTrials[i].n < soakTrials[j].n })

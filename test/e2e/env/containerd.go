@@ -206,6 +206,24 @@ func (c *Containerd) PowerCutThen(t testing.TB, reboot func()) {
 	})
 }
 
+// Restart stops the daemon alone, with SIGKILL when crash is set or else
+// SIGTERM (as `systemctl restart containerd`), and starts it again on the
+// same socket, root and state: shims and containers keep running.
+func (c *Containerd) Restart(t testing.TB, crash bool) {
+	t.Helper()
+	sig := syscall.SIGTERM
+	if crash {
+		sig = syscall.SIGKILL
+	}
+	c.proc.cmd.Process.Signal(sig)
+	select {
+	case <-c.proc.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("containerd did not stop on %v within 30 s", sig)
+	}
+	c.start(t).Close()
+}
+
 // PID returns the daemon's process ID.
 func (c *Containerd) PID() int { return c.proc.cmd.Process.Pid }
 
