@@ -84,6 +84,19 @@ func soakContainerdRestarts(t *testing.T, sc soakScale, r *soakResult) {
 		}
 		r.set("%d of %d restarts (by turns SIGTERM and SIGKILL); the agent kept running; %d pods kept their containers and processes, restart counts unchanged; a pod added or removed after each", i, restarts, len(steady))
 	}
+	// The agent still hears containerd's events: a container killed now
+	// is restarted.
+	id := strings.TrimPrefix(before["sensor"].id, "containerd://")
+	pid := pids[id]
+	if pid == "" {
+		t.Fatalf("no process for the sensor's task %s in %v", id, pids)
+	}
+	killed := time.Now()
+	run(t, "kill", "-9", pid)
+	n.waitPod("sensor-"+n.name, 30*time.Second, "restarted after its process was killed", func(p *agent.PodInfo) bool {
+		return running(p) && p.Status.ContainerStatuses[0].RestartCount == before["sensor"].restart+1
+	})
+	r.set("%d restarts (by turns SIGTERM and SIGKILL); the agent kept running; %d pods kept their containers and processes, restart counts unchanged; a pod added or removed after each; then a container killed was restarted in %v (its back-off: 10 s)", restarts, len(steady), time.Since(killed).Round(10*time.Millisecond))
 }
 
 // taskPIDs returns the process of each running task of the node's
