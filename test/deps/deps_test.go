@@ -150,9 +150,11 @@ var adapters = []struct{ dep, only string }{
 
 // testAdapterExtra lets a tree's tests use a dependency its code does
 // not: agent/server's tests are the API server's side of exec, attach
-// and port-forward (client-go's SPDY streams), as kubectl's are.
+// and port-forward (client-go's SPDY streams), as kubectl's are;
+// agent/containerd's fake containerd task service has gRPC's signatures.
 var testAdapterExtra = map[string][]string{
-	"k8s.io/client-go": {"agent/server"},
+	"k8s.io/client-go":       {"agent/server"},
+	"google.golang.org/grpc": {"agent/containerd"},
 }
 
 // adapterExtra lets a second tree use a dependency where DESIGN.md says so.

@@ -1,0 +1,141 @@
+package containerd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/internal/clock"
+)
+
+// staleTasks is containerd's task service as an agent killed while
+// containerd created a task can leave it: the task is listed, so creating
+// it again says it exists, but loading it says not found (its shim has no
+// container). Deleting it by its ID takes it off the list.
+type staleTasks struct {
+	tasks.TasksClient // methods the test does not expect panic
+	mu                sync.Mutex
+	listed            bool
+	creates, deletes  int
+	killed            bool
+}
+
+func (s *staleTasks) Get(context.Context, *tasks.GetRequest, ...grpc.CallOption) (*tasks.GetResponse, error) {
+	return nil, errgrpc.ToGRPC(fmt.Errorf("container not created: %w", errdefs.ErrNotFound))
+}
+
+func (s *staleTasks) Create(_ context.Context, r *tasks.CreateTaskRequest, _ ...grpc.CallOption) (*tasks.CreateTaskResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.creates++
+	if s.listed {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("task %s: %w", r.ContainerID, errdefs.ErrAlreadyExists))
+	}
+	s.listed = true
+	return &tasks.CreateTaskResponse{ContainerID: r.ContainerID, Pid: 4242}, nil
+}
+
+func (s *staleTasks) Kill(context.Context, *tasks.KillRequest, ...grpc.CallOption) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killed = true
+	return &emptypb.Empty{}, nil
+}
+
+func (s *staleTasks) Delete(_ context.Context, r *tasks.DeleteTaskRequest, _ ...grpc.CallOption) (*tasks.DeleteResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.listed {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("task %s: %w", r.ContainerID, errdefs.ErrNotFound))
+	}
+	s.listed = false
+	s.deletes++
+	return &tasks.DeleteResponse{ID: r.ContainerID}, nil
+}
+
+func (s *staleTasks) Start(context.Context, *tasks.StartRequest, ...grpc.CallOption) (*tasks.StartResponse, error) {
+	return &tasks.StartResponse{Pid: 4242}, nil
+}
+
+// oneContainer is a container store holding one container.
+type oneContainer struct {
+	mu sync.Mutex
+	c  containers.Container
+}
+
+func (o *oneContainer) Get(_ context.Context, id string) (containers.Container, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if id != o.c.ID {
+		return containers.Container{}, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	return o.c, nil
+}
+
+func (o *oneContainer) List(context.Context, ...string) ([]containers.Container, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return []containers.Container{o.c}, nil
+}
+
+func (o *oneContainer) Create(_ context.Context, c containers.Container) (containers.Container, error) {
+	return c, errdefs.ErrNotImplemented
+}
+
+func (o *oneContainer) Update(_ context.Context, c containers.Container, _ ...string) (containers.Container, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, v := range c.Labels {
+		o.c.Labels[k] = v
+	}
+	return o.c, nil
+}
+
+func (o *oneContainer) Delete(context.Context, string) error { return errdefs.ErrNotImplemented }
+
+// TestStartReplacesStaleTask: a task containerd lists but cannot load is
+// deleted by its ID and the container started; the soak trial AgentKilled
+// found a pod left in RunContainerError ("create task: … already
+// exists") after the agent was killed while containerd created its task.
+func TestStartReplacesStaleTask(t *testing.T) {
+	dir := t.TempDir()
+	id := "0123456789ab-main-0"
+	ts := &staleTasks{listed: true}
+	store := &oneContainer{c: containers.Container{
+		ID:      id,
+		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
+		Labels:  map[string]string{agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab"},
+	}}
+	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(ts), containerd.WithContainerStore(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{
+		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
+		deps:   Deps{Clock: clock.Real{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		client: cl, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
+		oom: map[string]bool{}, images: map[string]cachedImage{},
+	}
+	if err := r.Start(context.Background(), id); err != nil {
+		t.Fatalf("start with a stale task: %v", err)
+	}
+	if !ts.killed || ts.deletes != 1 || ts.creates != 2 {
+		t.Errorf("task service: killed %v, %d deletes, %d creates; want the stale task killed, deleted once and the task created again", ts.killed, ts.deletes, ts.creates)
+	}
+	if store.c.Labels[agent.LabelStartedAt] == "" {
+		t.Error("the container's start time was not recorded")
+	}
+}
