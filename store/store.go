@@ -46,6 +46,7 @@ var (
 var (
 	keySchema     = []byte("schema")
 	keyNode       = []byte("node")
+	keyWriteCheck = []byte("write-check")
 	resumePrefix  = "rv/"
 	allBuckets    = [][]byte{bucketMeta, bucketJournal, bucketJournalSeq, bucketIPAM, bucketRestarts}
 	defaultTimout = 2 * time.Second
@@ -91,6 +92,9 @@ type Store struct {
 	srcKeys map[Kind]map[Source]map[string]struct{}
 
 	writes writeStats // commits and bytes written, for metrics
+
+	healthMu sync.Mutex
+	writeErr error // the newest failed commit's, nil after one succeeds
 }
 
 // Open opens (or, unless read-only, creates) the store file at path. It
@@ -160,6 +164,16 @@ func (s *Store) init(opts Options) error {
 	if opts.ReadOnly {
 		return s.db.View(func(tx *bolt.Tx) error { return checkSchema(s.path, tx) })
 	}
+	if err := s.db.View(func(tx *bolt.Tx) error { return checkSchema(s.path, tx) }); err != nil {
+		return err
+	}
+	// A store that is already laid out is not written at open: an agent
+	// restarted on a full or failing disk still opens it.
+	var ready bool
+	s.db.View(func(tx *bolt.Tx) error { ready = laidOut(tx, opts.NodeName); return nil })
+	if ready {
+		return nil
+	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		if err := checkSchema(s.path, tx); err != nil {
 			return err
@@ -183,6 +197,27 @@ func (s *Store) init(opts Options) error {
 		}
 		return nil
 	})
+}
+
+// laidOut reports whether tx has every bucket, this binary's schema
+// version and, unless node is "", node as its node name: what init would
+// write is there already.
+func laidOut(tx *bolt.Tx, node string) bool {
+	for _, b := range allBuckets {
+		if tx.Bucket(b) == nil {
+			return false
+		}
+	}
+	for _, k := range kinds {
+		if tx.Bucket(k.bucket()) == nil {
+			return false
+		}
+	}
+	meta := tx.Bucket(bucketMeta)
+	if string(meta.Get(keySchema)) != strconv.Itoa(SchemaVersion) {
+		return false
+	}
+	return node == "" || string(meta.Get(keyNode)) == node
 }
 
 // indexSources fills srcKeys from the records in tx.
@@ -331,16 +366,20 @@ func (s *Store) SetResumeVersion(resource, version string) error {
 }
 
 // batch runs fn in a batched write transaction. fn may run more than once
-// and must not keep state between runs.
+// and must not keep state between runs. A commit the disk refuses is
+// recorded for WriteError and returned marked (IsWriteFailure).
 func (s *Store) batch(fn func(tx *bolt.Tx) error) error {
 	run := s.db.Batch
 	if s.scratch {
 		run = s.db.Update
 	}
-	return run(func(tx *bolt.Tx) error {
+	var fnErr error
+	err := run(func(tx *bolt.Tx) error {
 		s.writes.count(tx)
-		return fn(tx)
+		fnErr = fn(tx)
+		return fnErr
 	})
+	return s.noteWrite(err, fnErr)
 }
 
 func cutPrefix(k []byte, prefix string) (string, bool) {
