@@ -81,6 +81,11 @@ type Agent struct {
 	lastSync       time.Time
 	manifestPrint  string
 
+	storeWrites StoreWrites // under mu; kept by watchStore
+	// statfs, if set before Run (tests), replaces statfs(2) for
+	// watchStore.
+	statfs func(path string) (FSStats, error)
+
 	watchErr string // why the manifest dir is not watched; owned by Run
 	// manifestEvent, if set before Run (tests), is told of every event
 	// the manifest watch reads: the name, and whether it woke the loop.
@@ -98,7 +103,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if cfg.ManifestInterval == 0 {
 		cfg.ManifestInterval = time.Second
 	}
-	a := &Agent{cfg: cfg, deps: deps, ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, deps: deps, ready: make(chan struct{}), storeWrites: StoreWrites{Writable: true}}
 	if deps.Pods.Runtime != nil {
 		cfg.Pods.NodeName = cfg.NodeName
 		a.pods = newPodManager(cfg.Pods, deps.Pods, deps.Store, deps.Clock, deps.Log)
@@ -110,6 +115,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 // until ctx ends. It returns after every goroutine it started has exited.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = a.deps.Clock.Now()
+	a.mu.Lock()
+	a.storeWrites.Since = a.started
+	a.mu.Unlock()
 	var srv *http.Server
 	if a.cfg.SocketPath != "" {
 		ln, err := listenUnix(a.cfg.SocketPath)
@@ -142,8 +150,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	watch = a.watchManifests()
 	timer := a.deps.Clock.NewTimer(a.manifestWait(watch))
 	defer timer.Stop()
+	// A write the disk refuses, or one it takes again, is looked at at
+	// once; while writes fail the loop also turns every storeCheckEvery.
+	storeChanged, cancelStore := a.deps.Store.Subscribe(store.KindWrite)
+	defer cancelStore()
+	a.checkStore(false)
 	if err := a.syncManifests(false); err != nil {
-		a.deps.Log.Error("sync manifests", "err", err)
+		a.logSyncError(err)
 	}
 	a.beat()
 	close(a.ready)
@@ -181,6 +194,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			watch.Close()
 			watch = nil
 			force = true
+		case <-storeChanged:
+			// When writes work again, what could not be written is.
+			if !a.checkStore(false) {
+				timer.Reset(a.manifestWait(watch)) // sooner while writes fail
+				continue
+			}
+			force = true
+		}
+		if a.checkStore(true) {
+			force = true
 		}
 		if watch == nil {
 			if watch = a.watchManifests(); watch != nil {
@@ -188,11 +211,22 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}
 		if err := a.syncManifests(force); err != nil {
-			a.deps.Log.Error("sync manifests", "err", err)
+			a.logSyncError(err)
 		}
 		a.beat()
 		timer.Reset(a.manifestWait(watch))
 	}
+}
+
+// logSyncError logs a failed manifest sync: at Debug when the store
+// refused the write, which watchStore reports once per change instead of
+// once per retry.
+func (a *Agent) logSyncError(err error) {
+	if store.IsWriteFailure(err) {
+		a.deps.Log.Debug("sync manifests", "err", err)
+		return
+	}
+	a.deps.Log.Error("sync manifests", "err", err)
 }
 
 // manifestSettle is how long the agent lets a burst of inotify events
@@ -212,12 +246,17 @@ func (a *Agent) settle(ctx context.Context) bool {
 }
 
 // manifestWait is how long the main loop waits for a change before it
-// looks at the manifests again.
+// looks at the manifests again (and at the store's writes:
+// storeCheckEvery at most while they fail).
 func (a *Agent) manifestWait(w *manifestWatch) time.Duration {
+	wait := a.cfg.ManifestInterval
 	if w != nil {
-		return fullResync
+		wait = fullResync
 	}
-	return a.cfg.ManifestInterval
+	if !a.storeWritable() {
+		wait = min(wait, storeCheckEvery)
+	}
+	return wait
 }
 
 // watchManifests starts watching the manifest directory, or returns nil

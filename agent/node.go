@@ -106,6 +106,10 @@ type NodeDeps struct {
 	// Statfs returns the size and free space of the file system holding
 	// path; nil uses statfs(2).
 	Statfs func(path string) (FSStats, error)
+	// StoreWrites returns whether the store takes writes
+	// (Agent.StoreWrites), for the StoreWritable condition; nil leaves
+	// the condition out.
+	StoreWrites func() StoreWrites
 }
 
 // FSStats is the size of a file system and the space an unprivileged
@@ -116,7 +120,8 @@ type FSStats struct {
 
 // NodeStatus returns what the agent knows of the node, in the shape of a
 // Node's status: capacity and allocatable, the Ready, MemoryPressure,
-// DiskPressure and PIDPressure conditions, addresses, the kubelet-style
+// DiskPressure and PIDPressure conditions (and outpost's StoreWritable
+// with deps.StoreWrites), addresses, the kubelet-style
 // API's port and nodeInfo. It leaves to the API sync what only it knows:
 // the conditions' heartbeat and transition times and
 // nodeInfo.kubeletVersion. Node labels are the board's (arm.Facts.Labels).
@@ -177,6 +182,9 @@ func NodeStatus(cfg NodeConfig, deps NodeDeps) corev1.NodeStatus {
 			OperatingSystem:         "linux",
 			Architecture:            runtime.GOARCH,
 		},
+	}
+	if deps.StoreWrites != nil {
+		st.Conditions = append(st.Conditions, storeCondition(deps.StoreWrites()))
 	}
 	if cfg.HostIP != "" {
 		st.Addresses = append(st.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: cfg.HostIP})

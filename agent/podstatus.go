@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -98,7 +99,9 @@ func (w *worker) journalStatus(pod *corev1.Pod, st corev1.PodStatus) {
 		return
 	}
 	if _, err := w.m.store.Append(JournalKey(pod.Namespace, pod.Name), data); err != nil {
-		w.log.Warn("journal pod status", "err", err)
+		// Kept in w.status, and journaled at the next sync that finds
+		// the store writable again.
+		w.log.Log(context.Background(), storeErrLevel(err), "journal pod status", "err", err)
 		return
 	}
 	w.lastSent = data

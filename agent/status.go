@@ -76,6 +76,8 @@ type AgentInfo struct {
 	Started        time.Time `json:"started"`
 	LastSync       time.Time `json:"lastManifestSync,omitzero"`
 	ManifestErrors []string  `json:"manifestErrors,omitempty"`
+	// StoreWrites says whether the store takes writes.
+	StoreWrites StoreWrites `json:"storeWrites"`
 	// Link is the API server or MQTT broker connection; absent when
 	// standalone.
 	Link *report.Link `json:"link,omitempty"`
@@ -168,7 +170,7 @@ func (a *Agent) Status() (Status, error) {
 	a.mu.Lock()
 	s.Agent = &AgentInfo{
 		Version: a.cfg.Version, Board: board, PID: os.Getpid(), Started: a.started, LastSync: a.lastSync,
-		ManifestErrors: append([]string(nil), a.manifestErrors...),
+		ManifestErrors: append([]string(nil), a.manifestErrors...), StoreWrites: a.storeWrites,
 	}
 	a.mu.Unlock()
 	if a.deps.Link != nil {

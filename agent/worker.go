@@ -663,7 +663,7 @@ func (w *worker) backoff(pod *corev1.Pod, c *corev1.Container, latest Container)
 		// fault: it comes back at once, and the restart still counts.
 		st = store.RestartState{Count: int32(attemptOf(latest) + 1), LastExitCode: latest.ExitCode, LastFinished: finished, Backoff: st.Backoff}
 		if err := w.m.store.PutRestart(w.uid, c.Name, st); err != nil {
-			w.log.Warn("record restart state", "container", c.Name, "err", err)
+			w.log.Log(context.Background(), storeErrLevel(err), "record restart state", "container", c.Name, "err", err)
 		}
 		return 0
 	}
@@ -683,7 +683,7 @@ func (w *worker) backoff(pod *corev1.Pod, c *corev1.Container, latest Container)
 		BackoffUntil: finished.Add(step), Backoff: int64(step),
 	}
 	if err := w.m.store.PutRestart(w.uid, c.Name, st); err != nil {
-		w.log.Warn("record restart state", "container", c.Name, "err", err)
+		w.log.Log(context.Background(), storeErrLevel(err), "record restart state", "container", c.Name, "err", err)
 	}
 	if step > backoffInitial || attemptOf(latest) > 0 {
 		w.m.events.record(pod, "Warning", "BackOff", "Back-off restarting failed container "+c.Name)

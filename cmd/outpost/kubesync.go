@@ -128,7 +128,7 @@ type nodeFacts struct {
 const runtimeCheckEvery = 10 * time.Second
 
 func (n *nodeFacts) facts() kube.NodeFacts {
-	deps := agent.NodeDeps{Clock: n.clk, Heartbeat: n.agent.Heartbeat}
+	deps := agent.NodeDeps{Clock: n.clk, Heartbeat: n.agent.Heartbeat, StoreWrites: n.agent.StoreWrites}
 	if n.rt != nil {
 		deps.RuntimeHealth = n.runtimeHealth
 	}

@@ -134,6 +134,10 @@ func printStatus(w io.Writer, s agent.Status) error {
 		}
 	}
 	tw.Flush()
+	if a := s.Agent; a != nil && !a.StoreWrites.Writable && a.StoreWrites.Reason != "" {
+		fmt.Fprintf(w, "\nSTORE TAKES NO WRITES (%s, since %s): pods keep running; what changes is kept in memory and written when the disk takes writes again\n  %s\n",
+			a.StoreWrites.Reason, a.StoreWrites.Since.Format(time.RFC3339), a.StoreWrites.Message)
+	}
 	if a := s.Agent; a != nil && len(a.ManifestErrors) > 0 {
 		fmt.Fprintln(w, "\nMANIFEST ERRORS (what was recorded from a bad document is kept; a pod with a bad spec is Failed)")
 		for _, e := range a.ManifestErrors {
