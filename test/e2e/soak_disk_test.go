@@ -52,16 +52,17 @@ func soakDyingDisk(t *testing.T, sc soakScale, r *soakResult) {
 	})
 
 	kills, opens, warned, cleared := 0, 0, 0, 0
-	refused := 0  // full-disk rounds whose NoSpace came from a refused write, not from free space alone
+	refused := 0  // full-disk rounds in which the disk refused a store write
 	churned := "" // the churn pod of the last round
 	counts := func(done string) {
-		r.set("%s (%d with a write refused for space); %d SIGKILLs, store opened %d/%d; %d NoSpace/ReadOnly warnings, %d clears, each said in status, log and Node; steady kept its container",
+		r.set("%s (%d with store writes refused for space); %d SIGKILLs, store opened %d/%d; %d NoSpace/ReadOnly warnings, %d clears, each said in status, log and Node; steady kept its container",
 			done, refused, kills, opens, opens, warned, cleared)
 	}
 	for i := range rounds {
 		counts(fmt.Sprintf("%d of %d full-disk rounds", i, rounds))
 		warnsBefore := n.logCount("store takes no writes")
 		backBefore := n.logCount("store takes writes again")
+		refusedBefore := n.logCount(syscall.ENOSPC.Error())
 		restartsBefore := agentRestarts(findPod(mustStatus(t, n), pod("crashy")))
 
 		// The disk fills while pods change: one comes, the last round's
@@ -69,14 +70,19 @@ func soakDyingDisk(t *testing.T, sc soakScale, r *soakResult) {
 		filler := disk.fill(t)
 		name := fmt.Sprintf("churn%d", i)
 		n.write(name+".yaml", podManifest(name, "Always", "while true; do sleep 1; done"))
+		// A 512 KiB config map does not fit in the store file's free
+		// pages: its write is refused for space.
+		blob := fmt.Sprintf("blob%d", i)
+		n.write(blob+".yaml", fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {blob: %s}\n", blob, strings.Repeat("x", 512<<10)))
 		if churned != "" {
 			os.Remove(filepath.Join(n.manifests, churned+".yaml"))
+			os.Remove(filepath.Join(n.manifests, "blob"+strings.TrimPrefix(churned, "churn")+".yaml"))
 		}
-		w := n.waitStore(90*time.Second, store.ReasonNoSpace)
-		t.Logf("round %d: %s", i, w.Message)
-		if strings.Contains(w.Message, syscall.ENOSPC.Error()) {
-			refused++
-		}
+		n.waitStore(90*time.Second, store.ReasonNoSpace)
+		within(60*time.Second).For(t, "a store write refused for space in the (debug) log", func() (bool, string) {
+			return n.logCount(syscall.ENOSPC.Error()) > refusedBefore, ""
+		})
+		refused++
 		waitStoreCondition(t, adm, n.name, corev1.ConditionFalse, store.ReasonNoSpace)
 		if got := n.logCount("store takes no writes") - warnsBefore; got != 1 {
 			t.Errorf("round %d: %d log warnings that the store takes no writes, want 1", i, got)
@@ -132,7 +138,10 @@ func soakDyingDisk(t *testing.T, sc soakScale, r *soakResult) {
 		n.kill()
 		kills++
 		opens++
-		pods := n.checkStore(t)
+		pods, blobs := n.checkStore(t)
+		if !blobs[blob] || len(blobs) != 1 {
+			t.Errorf("round %d: store has config maps %v, want %s alone", i, blobs, blob)
+		}
 		for _, p := range []string{"steady", "crashy", name} {
 			if !pods[pod(p)] {
 				t.Errorf("round %d: pod %s not in the store after space returned (store has %v)", i, p, pods)
@@ -334,8 +343,8 @@ func cmpReason(reason string) string {
 }
 
 // checkStore opens the stopped agent's store read-only, runs bbolt's
-// check and returns the names of the pods it holds.
-func (n *node) checkStore(t *testing.T) map[string]bool {
+// check and returns the names of the pods and config maps it holds.
+func (n *node) checkStore(t *testing.T) (pods, configMaps map[string]bool) {
 	t.Helper()
 	st, err := store.Open(filepath.Join(n.stateDir(t), store.FileName), store.Options{ReadOnly: true})
 	if err != nil {
@@ -349,11 +358,19 @@ func (n *node) checkStore(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatalf("read the store: %v", err)
 	}
-	pods := map[string]bool{}
+	pods = map[string]bool{}
 	for _, p := range s.Pods {
 		pods[p.Name] = true
 	}
-	return pods
+	cms, err := st.ConfigMaps().List()
+	if err != nil {
+		t.Fatalf("read the store's config maps: %v", err)
+	}
+	configMaps = map[string]bool{}
+	for _, r := range cms {
+		configMaps[r.Object.Name] = true
+	}
+	return pods, configMaps
 }
 
 // stateDir is the stateDir of the node's config.
