@@ -114,3 +114,30 @@ func TestStatusProxyLineAndServices(t *testing.T) {
 		}
 	}
 }
+
+// A store that takes no writes gets a block saying why and since when; a
+// writable one, or an agent too old to say, none.
+func TestStatusStoreTakesNoWrites(t *testing.T) {
+	since := time.Date(2026, 12, 5, 1, 2, 3, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		w    agent.StoreWrites
+		want string
+	}{
+		{"full", agent.StoreWrites{Reason: "NoSpace", Message: "the file system of /var/lib/outpost is full (less than 1 MiB free)", Since: since},
+			"STORE TAKES NO WRITES (NoSpace, since 2026-12-05T01:02:03Z): pods keep running; what changes is kept in memory and written when the disk takes writes again\n  the file system of /var/lib/outpost is full (less than 1 MiB free)\n"},
+		{"writable", agent.StoreWrites{Writable: true, Since: since}, ""},
+		{"older agent", agent.StoreWrites{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			if err := printStatus(&out, agent.Status{Node: "n1", From: "agent", Agent: &agent.AgentInfo{StoreWrites: tc.w}}); err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Contains(out.String(), "STORE TAKES NO WRITES")
+			if tc.want == "" && got || tc.want != "" && !strings.Contains(out.String(), "\n"+tc.want) {
+				t.Errorf("status:\n%s\nwant the block %q", out.String(), tc.want)
+			}
+		})
+	}
+}
