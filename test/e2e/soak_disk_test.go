@@ -23,7 +23,7 @@ func init() { addSoakTrial(30, "DyingDisk", soakDyingDisk) }
 // soakDyingDisk is trial 3 of docs/soak.md: the agent's state directory
 // on a small loop-mounted ext4 that fills up, round after round, and at
 // last is remounted read-only by the kernel after an error, as a dying
-// SD card is. Pods keep running (the same containers); `outpost status`,
+// SD card is, until a power cut lets it be checked and mounted again. Pods keep running (the same containers); `outpost status`,
 // the log (once per change) and the Node's StoreWritable condition say
 // what is wrong; when space returns they clear and the store converges:
 // the pods changed meanwhile are stored, their status reaches the API
@@ -55,7 +55,7 @@ func soakDyingDisk(t *testing.T, sc soakScale, r *soakResult) {
 	refused := 0  // full-disk rounds in which the disk refused a store write
 	churned := "" // the churn pod of the last round
 	counts := func(done string) {
-		r.set("%s (%d with store writes refused for space); %d SIGKILLs, store opened %d/%d; %d NoSpace/ReadOnly warnings, %d clears, each said in status, log and Node; steady kept its container",
+		r.set("%s (%d with store writes refused for space); %d SIGKILLs, store opened %d/%d; %d NoSpace/ReadOnly warnings, %d clears, each said in status, log and Node; steady kept its container until the power cut",
 			done, refused, kills, opens, opens, warned, cleared)
 	}
 	for i := range rounds {
@@ -164,6 +164,8 @@ func soakDyingDisk(t *testing.T, sc soakScale, r *soakResult) {
 	// running agent.
 	warnsBefore := n.logCount("store takes no writes")
 	disk.fail(t)
+	// A pod added meanwhile cannot be stored (nor get its pod directory).
+	n.write("late.yaml", podManifest("late", "Always", "while true; do sleep 1; done"))
 	if w := n.waitStore(90*time.Second, store.ReasonReadOnly); !strings.Contains(w.Message, syscall.EROFS.Error()) {
 		t.Errorf("read-only: status says %q, want the refused write's error", w.Message)
 	}
@@ -175,11 +177,39 @@ func soakDyingDisk(t *testing.T, sc soakScale, r *soakResult) {
 	if got := containerIDs(t, n, pod("steady")); asJSON(got) != asJSON(ids) {
 		t.Fatalf("steady's container changed on a read-only disk: %v -> %v", ids, got)
 	}
+	restarts := agentRestarts(findPod(mustStatus(t, n), pod("steady")))
 	n.kill()
 	kills++
 	opens++
 	n.checkStore(t)
 	counts(fmt.Sprintf("%d of %d full-disk rounds, then read-only", rounds, rounds))
+
+	// The file system stays read-only until it is checked and mounted
+	// again, which the pods' bind mounts of their files allow only after
+	// a reboot: the power is cut, the disk repaired, the agent started.
+	n.ctrd.PowerCutThen(t, func() {
+		os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
+		n.removePodNetns()
+		disk.repair(t)
+	})
+	n.start()
+	n.waitStore(90*time.Second, "")
+	waitStoreCondition(t, adm, n.name, corev1.ConditionTrue, agent.ReasonStoreWritable)
+	cleared++
+	for _, p := range []string{"steady", "crashy", churned, "late"} {
+		n.waitPod(pod(p), 90*time.Second, "back after the repair", func(p *agent.PodInfo) bool { return agentRestarts(p) >= 0 })
+	}
+	n.waitPod(pod("late"), 60*time.Second, "running", running)
+	if got := agentRestarts(n.waitPod(pod("steady"), 60*time.Second, "running", running)); got != restarts+1 {
+		t.Errorf("steady's restart count after the reboot = %d, want %d", got, restarts+1)
+	}
+	n.kill()
+	kills++
+	opens++
+	if pods, _ := n.checkStore(t); len(pods) != 4 || !pods[pod("late")] {
+		t.Errorf("store after the repair has pods %v, want steady, crashy, %s and late", pods, churned)
+	}
+	counts(fmt.Sprintf("%d of %d full-disk rounds, then read-only and repaired after a power cut", rounds, rounds))
 }
 
 // loopDisk is a small ext4 file system on a loop device, mounted with
@@ -276,6 +306,26 @@ func (d *loopDisk) fill(t *testing.T) string {
 		t.Fatalf("%s has %d bytes free after filling it", d.dir, free)
 	}
 	return path
+}
+
+// repair unmounts the disk, checks it with e2fsck -fy (once the kernel
+// has let go of it: a killed container's mount namespace may hold it a
+// moment longer) and mounts it again.
+func (d *loopDisk) repair(t *testing.T) {
+	t.Helper()
+	for _, m := range mountsUnder(d.dir) {
+		unmount(m)
+	}
+	if err := syscall.Unmount(d.dir, 0); err != nil {
+		t.Fatalf("umount %s: %v", d.dir, err)
+	}
+	within(30*time.Second).For(t, "e2fsck of "+d.dev, func() (bool, string) {
+		out, err := exec.Command("e2fsck", "-fy", d.dev).CombinedOutput()
+		var exit *exec.ExitError
+		// 1: errors corrected, as after the error the kernel recorded.
+		return err == nil || errors.As(err, &exit) && exit.ExitCode() == 1, string(out)
+	})
+	run(t, "mount", "-o", "errors=remount-ro", d.dev, d.dir)
 }
 
 // fail makes the kernel remount the disk read-only as after an error it
