@@ -49,10 +49,14 @@ type APIServer struct {
 	// Dir holds the certificates, token file and logs.
 	Dir string
 
-	args    []string
-	proc    *process
-	etcd    *process
-	restart int
+	args     []string
+	proc     *process
+	etcdArgs []string
+	etcdDir  string
+	etcdURL  string
+	etcd     *process
+	restart  int
+	wipes    int
 }
 
 // PIDs are the process IDs of kube-apiserver and etcd.
@@ -137,14 +141,13 @@ func StartAPIServer(t testing.TB) *APIServer {
 	clientPort, peerPort := FreePort(t), FreePort(t)
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-	etcd := start(t, dir, "etcd", etcdBin,
-		"--name", "e2e", "--data-dir", filepath.Join(dir, "etcd"),
+	a.etcdDir, a.etcdURL = filepath.Join(dir, "etcd"), etcdURL
+	a.etcdArgs = []string{etcdBin,
+		"--name", "e2e", "--data-dir", a.etcdDir,
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "e2e="+peerURL, "--log-level", "warn", "--unsafe-no-fsync")
-	waitReady(t, etcd, 30*time.Second, func() error { return httpOK(http.DefaultClient, etcdURL+"/health", "") })
-
-	a.etcd = etcd
+		"--initial-cluster", "e2e=" + peerURL, "--log-level", "warn", "--unsafe-no-fsync"}
+	a.startEtcd(t, "etcd")
 	// kube-apiserver
 	port := FreePort(t)
 	a.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
@@ -215,6 +218,31 @@ func (a *APIServer) Start(t testing.TB) {
 // Stop stops kube-apiserver (etcd keeps running): clients see refused
 // connections until Start.
 func (a *APIServer) Stop() { a.proc.stop() }
+
+// startEtcd starts etcd with its log in Dir/<name>.log and waits until it
+// is healthy.
+func (a *APIServer) startEtcd(t testing.TB, name string) {
+	t.Helper()
+	a.etcd = start(t, a.Dir, name, a.etcdArgs...)
+	waitReady(t, a.etcd, 30*time.Second, func() error { return httpOK(http.DefaultClient, a.etcdURL+"/health", "") })
+}
+
+// Wipe stops kube-apiserver and etcd, removes etcd's data and starts both
+// again on the same ports with the same certificates, CA and token file:
+// an API server rebuilt from nothing, that knows no Node, pod or RBAC
+// binding but its own defaults, and accepts the same credentials. The
+// audit log goes on in the same file.
+func (a *APIServer) Wipe(t testing.TB) {
+	t.Helper()
+	a.proc.stop()
+	a.etcd.stop()
+	if err := os.RemoveAll(a.etcdDir); err != nil {
+		t.Fatalf("wipe etcd data: %v", err)
+	}
+	a.wipes++
+	a.startEtcd(t, fmt.Sprintf("etcd-%d", a.wipes))
+	a.Start(t)
+}
 
 // AuditEvent is one request as the audit log recorded it.
 type AuditEvent struct {
