@@ -295,7 +295,8 @@ var errWatchClosed = errors.New("watch closed at once")
 
 // listWatch lists (unless rv is set) and watches lw until ctx ends. A
 // broken watch is resumed from the last resourceVersion after a jittered
-// backoff; a 410 Gone relists. An unreachable server only delays: the
+// backoff; a 410 Gone, or a resourceVersion the server has not reached,
+// relists. An unreachable server only delays: the
 // store keeps what it has.
 func (s *Syncer) listWatch(ctx context.Context, lw *listWatch, rv string) {
 	bo := newReconnectBackoff()
@@ -339,9 +340,13 @@ func (s *Syncer) retryLater(ctx context.Context, bo *backoff.Backoff, what strin
 	_ = s.sleep(ctx, d)
 }
 
-// isExpired reports whether err says a resourceVersion is too old.
+// isExpired reports whether err says a resourceVersion is too old, or
+// newer than any the server has (an API server rebuilt from an empty
+// etcd, whose versions start again from low): either way only a list
+// gives one to watch from.
 func isExpired(err error) bool {
-	return apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
+	return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) ||
+		apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge)
 }
 
 // watchOnce runs one watch from *rv until the server ends it, advancing

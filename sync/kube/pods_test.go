@@ -751,3 +751,91 @@ func TestPodsWatchGoneAtStartRelists(t *testing.T) {
 		t.Fatalf("requests %q, want %q first", reqs, want)
 	}
 }
+
+// An API server rebuilt from an empty etcd counts resourceVersions from
+// low again: a watch from the stored version is answered "too large
+// resource version" (504 with that cause), which relists as a 410 does;
+// before, the syncer retried the same version forever and kept the pods
+// the new server does not have.
+func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
+	var mu sync.Mutex
+	var reqs []string
+	lists := 0
+	watching := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		mu.Lock()
+		reqs = append(reqs, r.URL.Path+" watch="+q.Get("watch")+" rv="+q.Get("resourceVersion"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path != "/api/v1/pods":
+			w.WriteHeader(http.StatusNotFound)
+		case q.Get("watch") == "true" && q.Get("resourceVersion") == "5000":
+			w.WriteHeader(http.StatusGatewayTimeout)
+			io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Timeout: Too large resource version: 5000, current: 9","reason":"Timeout","details":{"causes":[{"reason":"ResourceVersionTooLarge","message":"Too large resource version"}],"retryAfterSeconds":1},"code":504}`)
+		case q.Get("watch") == "true":
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush() // the watch is open
+			watching <- q.Get("resourceVersion")
+			<-r.Context().Done() // a quiet watch, until it is stopped
+		default:
+			mu.Lock()
+			lists++
+			name, rv := "real", "10"
+			if lists > 1 {
+				name, rv = "fresh", "12"
+			}
+			mu.Unlock()
+			io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"`+rv+`"},"items":[
+				{"metadata":{"name":"`+name+`","namespace":"default","uid":"`+name+`-uid","resourceVersion":"8"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	st := pwStore(t, "n1")
+	ghost := pwPod("ghost", "g1", "n1")
+	ghost.ResourceVersion = ""
+	if err := st.Pods().Put(store.SourceAPI, ghost); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetResumeVersion(podsResource, "5000"); err != nil {
+		t.Fatal(err)
+	}
+	client, err := NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{NodeName: "n1"}, Deps{Client: client, Store: st, Clock: clocktest.New(time.Unix(0, 0)), Log: pwLog(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := pwRun(t, s)
+	giveUp := time.NewTimer(10 * time.Second) // a safety net, not a wait
+	defer giveUp.Stop()
+	watchFrom := func(want string) {
+		t.Helper()
+		select {
+		case rv := <-watching:
+			if rv != want {
+				t.Fatalf("watch from %q, want %q", rv, want)
+			}
+		case <-giveUp.C:
+			t.Fatalf("no watch from %q", want)
+		}
+	}
+	watchFrom("10")
+	if _, ok := pwStored(t, st, "ghost"); ok {
+		t.Fatal("ghost kept after the too-large version relisted")
+	}
+	if _, ok := pwStored(t, st, "real"); !ok {
+		t.Fatal("real not stored by the relist")
+	}
+
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"/api/v1/pods watch=true rv=5000", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10"}
+	if !reflect.DeepEqual(reqs, want) {
+		t.Fatalf("requests %q, want %q", reqs, want)
+	}
+}
