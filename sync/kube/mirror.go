@@ -74,12 +74,67 @@ func (d *drainer) syncMirrors(ctx context.Context) error {
 			delete(d.problems, key)
 		}
 	}
-	defer d.publishProblems()
-	for _, p := range statics {
-		if _, err := d.ensureMirror(ctx, p); err != nil {
-			return err
+	for key := range d.sentStatic {
+		if statics[key] == nil {
+			delete(d.sentStatic, key)
+			delete(d.restore, key)
 		}
 	}
+	defer d.publishProblems()
+	for key, p := range statics {
+		had := d.known[key]
+		m, err := d.ensureMirror(ctx, p)
+		if err != nil {
+			return err
+		}
+		switch {
+		case m == nil || !d.restore[key]:
+		case m == had:
+			delete(d.restore, key) // still there, with its status
+		default:
+			if err := d.restoreStatus(ctx, key, p, m); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// restoreStatus patches onto the mirror pod m, made again after the API
+// server forgot the node, the status last sent for static: the status
+// journal holds only changes, and an unchanged pod would otherwise show
+// Pending until its next one. A status of another static pod of that
+// name (the manifest changed) is not restored.
+func (d *drainer) restoreStatus(ctx context.Context, key string, static *corev1.Pod, m *knownPod) error {
+	last, ok := d.sentStatic[key]
+	if !ok || last.uid != static.UID {
+		delete(d.restore, key)
+		return nil
+	}
+	patch, err := statusPatch(m.uid, &last.status)
+	if err != nil {
+		delete(d.restore, key)
+		d.dropped(key, "status not encodable", err)
+		return nil
+	}
+	if err := d.s.writes.wait(ctx); err != nil {
+		return err
+	}
+	_, err = d.api.patchStatus(ctx, static.Namespace, static.Name, patch)
+	switch outcomeOf(err) {
+	case outcomeDone:
+		d.s.log.Info("mirror pod status restored", "pod", key)
+	case outcomeRetry:
+		return fmt.Errorf("restore status of mirror pod %s: %w", key, err)
+	case outcomeGone:
+		// Deleted again meanwhile: made again on the next pass.
+		delete(d.known, key)
+		d.again = true
+		return nil
+	default:
+		d.dropped(key, "mirror pod: "+dropReason(err), err)
+	}
+	delete(d.restore, key)
 	return nil
 }
 

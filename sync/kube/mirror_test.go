@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -411,4 +412,77 @@ func TestMirrorOrphanDeletedAgainstAPIServer(t *testing.T) {
 	if p := e.get("plain"); p == nil || p.UID != plain.UID {
 		t.Error("a plain pod of the node was deleted")
 	}
+}
+
+// An API server rebuilt from an empty etcd knows no Node and no mirror
+// pod, and no status of a static pod that did not change since reaches
+// the journal again. Once the Node was registered again (forgetKnown),
+// the sink lists, makes the mirror pods again and gives each back the
+// status last sent: before, it went on believing they existed, and they
+// were never made again. A mirror pod still there is left as it is.
+func TestMirrorMadeAgainWithStatusAfterAPIServerForgotTheNode(t *testing.T) {
+	u := newSinkUnit(t)
+	web, db := staticSinkPod("web-n1", "hash1"), staticSinkPod("db-n1", "hash2")
+	u.desire(store.SourceStatic, web)
+	u.desire(store.SourceStatic, db)
+	u.mustPass()
+	u.journal(web, phase(corev1.PodRunning))
+	u.journal(db, phase(corev1.PodRunning))
+	u.mustPass()
+	u.api.takeCalls()
+
+	// The API server is rebuilt: web's mirror pod is gone, db's is not
+	// (the garbage collector had not got to it yet).
+	old := u.api.pod("default/web-n1")
+	if err := u.api.deletePod(t.Context(), "default", "web-n1", old.UID); err != nil {
+		t.Fatal(err)
+	}
+	u.api.takeCalls()
+	u.mustPass()
+	u.wantCalls() // nothing tells the sink without forgetKnown
+
+	u.d.forgetKnown()
+	u.mustPass()
+	made := u.api.pod("default/web-n1")
+	if made == nil || made.UID == old.UID {
+		t.Fatalf("mirror pod of web not made again: %+v", made)
+	}
+	u.wantCalls("list", "node", "create default/web-n1", "patch default/web-n1 uid="+string(made.UID)+" phase=Running")
+	if made.Status.Phase != corev1.PodRunning {
+		t.Errorf("mirror pod made again with phase %q, want Running", made.Status.Phase)
+	}
+	// Restored once: the next passes write nothing.
+	u.d.mirrorsDirty = true
+	u.mustPass()
+	u.wantCalls()
+}
+
+// The running sink hears of the node being forgotten (noteForgotten, as
+// the node loop calls it when it creates the Node again) and makes the
+// missing mirror pod again with its last status, without a new status
+// of the static pod.
+func TestMirrorLoopMakesMirrorAgainWhenNodeForgotten(t *testing.T) {
+	u := newSinkUnit(t)
+	web := staticSinkPod("web-n1", "hash1")
+	u.desire(store.SourceStatic, web)
+	u.journal(web, phase(corev1.PodRunning))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { u.s.drainStatus(ctx, u.api); close(done) }()
+	defer func() { cancel(); <-done }()
+	u.s.setConnected(true)
+	u.s.setNodeSynced()
+	reactWait.Until(t, "the status sent", func() bool {
+		m := u.api.pod("default/web-n1")
+		return u.backlog() == 0 && m != nil && m.Status.Phase == corev1.PodRunning
+	})
+	old := u.api.pod("default/web-n1")
+	if err := u.api.deletePod(t.Context(), "default", "web-n1", old.UID); err != nil {
+		t.Fatal(err)
+	}
+	u.s.noteForgotten()
+	reactWait.Until(t, "the mirror pod made again with its status", func() bool {
+		m := u.api.pod("default/web-n1")
+		return m != nil && m.UID != old.UID && m.Status.Phase == corev1.PodRunning
+	})
 }

@@ -90,6 +90,37 @@ func (s *Syncer) setNodeUID(uid types.UID) {
 	}
 }
 
+// noteForgotten records that the API server did not know the Node
+// although the node had been registered (its UID was known, or a resume
+// version in the store says an earlier run watched its pods): the
+// Node was deleted, or the API server was rebuilt from an empty etcd.
+// Either way the watches list again, as their resourceVersions may mean
+// nothing to the server, and the status sink looks again at which mirror
+// pods exist, as kubelet would find them gone with their Node.
+func (s *Syncer) noteForgotten() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forgotten++
+	s.log.Info("the api server did not know the node; relisting and making mirror pods again", "node", s.cfg.NodeName)
+	s.broadcast()
+}
+
+// forgottenCount returns how many times the API server forgot the Node
+// (noteForgotten) and a channel closed at the next change of it, the
+// link or presence.
+func (s *Syncer) forgottenCount() (uint64, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.forgotten, s.changed
+}
+
+// wasRegistered reports whether the node had been known to an API server
+// before this Node was created: this run learnt a Node UID, or an
+// earlier run watched the node's pods (New read its resume version).
+func (s *Syncer) wasRegistered() bool {
+	return s.nodeUID() != "" || s.resumed
+}
+
 // nodeLoop is runNode's state.
 type nodeLoop struct {
 	s      *Syncer
@@ -332,9 +363,13 @@ func (n *nodeLoop) createNode(ctx context.Context) error {
 	if err := s.deps.Client.Core.Post().Resource("nodes").Body(node).Timeout(n.requestTimeout()).Do(ctx).Into(&got); err != nil {
 		return fmt.Errorf("create node %s: %w", s.cfg.NodeName, err)
 	}
+	forgotten := s.wasRegistered()
 	s.setNodeUID(got.UID)
 	n.status.sent(node.Status, now)
 	s.log.Info("node registered", "node", s.cfg.NodeName, "uid", got.UID)
+	if forgotten {
+		s.noteForgotten()
+	}
 	return nil
 }
 

@@ -877,6 +877,9 @@ func TestLeaseGoneRegistersNodeAgain(t *testing.T) {
 	ndRun(t, s.runNode)
 	spinWait.Until(t, "the renewal ticker", func() bool { _, tk := clk.made(); return len(tk) == 1 })
 	oldUID := s.nodeUID()
+	if n, _ := s.forgottenCount(); n != 0 {
+		t.Fatalf("first registration counted as the node forgotten %d times", n)
+	}
 
 	api.mu.Lock()
 	api.node, api.lease = nil, nil
@@ -899,6 +902,52 @@ func TestLeaseGoneRegistersNodeAgain(t *testing.T) {
 		t.Errorf("node UID %s (was %s, syncer has %s), lease owner %s", node.UID, oldUID, s.nodeUID(), lease.OwnerReferences[0].UID)
 	}
 	spinWait.Until(t, "the link up", func() bool { return s.Link().Connected })
+	// The watches relist and the sink looks for its mirror pods again.
+	if n, _ := s.forgottenCount(); n != 1 {
+		t.Errorf("node registered again: forgotten %d times, want 1", n)
+	}
+}
+
+// A Node created by the first connect of a run that resumes an earlier
+// one (a pods resume version in the store) means the API server lost it
+// while the agent was stopped: rebuilt from an empty etcd, or the Node
+// deleted. That counts as forgotten, so the pods watch relists rather
+// than resume from a version the new server may not have; the first
+// registration of a node that never synced does not.
+func TestNodeCreatedAtResumeCountsAsForgotten(t *testing.T) {
+	for _, resumed := range []bool{false, true} {
+		t.Run(fmt.Sprint("resumed=", resumed), func(t *testing.T) {
+			_, rc := ndFakeAPI(t, "n1")
+			clk := &ndClock{Fake: clocktest.New(ndEpoch)}
+			client, err := NewClient(rc, "outpost-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := store.Open(filepath.Join(t.TempDir(), store.FileName), store.Options{NodeName: "n1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			if resumed {
+				if err := st.SetResumeVersion(podsResource, "5000"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, err := New(Config{NodeName: "n1"}, Deps{Client: client, Store: st, NodeFacts: newNDFacts().get, Clock: clk, Log: slog.New(&ndLog{})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ndRun(t, s.runNode)
+			spinWait.Until(t, "the link up", func() bool { return s.Link().Connected })
+			want := uint64(0)
+			if resumed {
+				want = 1
+			}
+			if n, _ := s.forgottenCount(); n != want {
+				t.Errorf("forgotten %d times, want %d", n, want)
+			}
+		})
+	}
 }
 
 // With nothing listening at the API server's address, the node loop

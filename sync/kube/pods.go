@@ -293,14 +293,23 @@ type listWatch struct {
 // errWatchClosed is a watch that ended at once with no event.
 var errWatchClosed = errors.New("watch closed at once")
 
+// errForgotten ends a watch when the API server forgot the Node
+// (noteForgotten): its resourceVersion may mean nothing there.
+var errForgotten = errors.New("the api server forgot the node")
+
 // listWatch lists (unless rv is set) and watches lw until ctx ends. A
 // broken watch is resumed from the last resourceVersion after a jittered
-// backoff; a 410 Gone, or a resourceVersion the server has not reached,
-// relists. An unreachable server only delays: the
-// store keeps what it has.
+// backoff; a 410 Gone, a resourceVersion the server has not reached, or
+// the Node found missing (noteForgotten) relists. An unreachable server
+// only delays: the store keeps what it has.
 func (s *Syncer) listWatch(ctx context.Context, lw *listWatch, rv string) {
 	bo := newReconnectBackoff()
+	gen, _ := s.forgottenCount()
 	for ctx.Err() == nil {
+		if g, _ := s.forgottenCount(); g != gen {
+			s.log.Info("the api server forgot the node; relisting", "watch", lw.what, "resourceVersion", rv)
+			gen, rv = g, ""
+		}
 		if rv == "" {
 			var err error
 			if rv, err = lw.list(ctx); err != nil {
@@ -308,9 +317,10 @@ func (s *Syncer) listWatch(ctx context.Context, lw *listWatch, rv string) {
 				continue
 			}
 		}
-		err := s.watchOnce(ctx, lw, &rv)
+		err := s.watchOnce(ctx, lw, &rv, gen)
 		switch {
 		case ctx.Err() != nil:
+		case errors.Is(err, errForgotten):
 		case isExpired(err):
 			s.log.Info("watch resourceVersion expired; relisting", "watch", lw.what, "resourceVersion", rv, "err", err)
 			rv = ""
@@ -351,8 +361,9 @@ func isExpired(err error) bool {
 
 // watchOnce runs one watch from *rv until the server ends it, advancing
 // *rv past every event applied. It returns nil when the watch ended
-// normally (its timeout), an error otherwise.
-func (s *Syncer) watchOnce(ctx context.Context, lw *listWatch, rv *string) error {
+// normally (its timeout), errForgotten when the API server forgot the
+// Node since forgottenCount was gen, another error otherwise.
+func (s *Syncer) watchOnce(ctx context.Context, lw *listWatch, rv *string, gen uint64) error {
 	timeout := int64((watchTimeout + rand.N(watchTimeoutJitter)) / time.Second)
 	opts := &metav1.ListOptions{
 		FieldSelector:       lw.selector,
@@ -371,11 +382,17 @@ func (s *Syncer) watchOnce(ctx context.Context, lw *listWatch, rv *string) error
 	defer w.Stop()
 	events := 0
 	for {
+		g, changed := s.forgottenCount()
+		if g != gen {
+			return fmt.Errorf("watch %s: %w", lw.what, errForgotten)
+		}
 		var ev watch.Event
 		var ok bool
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-changed:
+			continue
 		case ev, ok = <-w.ResultChan():
 		}
 		if !ok {

@@ -760,7 +760,6 @@ func TestPodsWatchGoneAtStartRelists(t *testing.T) {
 func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
 	var mu sync.Mutex
 	var reqs []string
-	lists := 0
 	watching := make(chan string, 4)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -780,15 +779,8 @@ func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
 			watching <- q.Get("resourceVersion")
 			<-r.Context().Done() // a quiet watch, until it is stopped
 		default:
-			mu.Lock()
-			lists++
-			name, rv := "real", "10"
-			if lists > 1 {
-				name, rv = "fresh", "12"
-			}
-			mu.Unlock()
-			io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"`+rv+`"},"items":[
-				{"metadata":{"name":"`+name+`","namespace":"default","uid":"`+name+`-uid","resourceVersion":"8"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`)
+			io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[
+				{"metadata":{"name":"real","namespace":"default","uid":"real-uid","resourceVersion":"8"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`)
 		}
 	}))
 	t.Cleanup(srv.Close)
@@ -835,6 +827,92 @@ func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := []string{"/api/v1/pods watch=true rv=5000", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10"}
+	if !reflect.DeepEqual(reqs, want) {
+		t.Fatalf("requests %q, want %q", reqs, want)
+	}
+}
+
+// Once the Node is found missing and created again (noteForgotten: an
+// API server rebuilt from an empty etcd, or the Node deleted), an open
+// watch, from a version that may mean something else to the new server,
+// ends and the pods are listed again: the pods that server does not have
+// leave the store. Before, the watch went on from where it was, and the
+// node kept running pods the API server had never heard of.
+func TestPodsOpenWatchRelistsWhenNodeForgotten(t *testing.T) {
+	var mu sync.Mutex
+	var reqs []string
+	lists := 0
+	watching := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		mu.Lock()
+		reqs = append(reqs, r.URL.Path+" watch="+q.Get("watch")+" rv="+q.Get("resourceVersion"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path != "/api/v1/pods":
+			w.WriteHeader(http.StatusNotFound)
+		case q.Get("watch") == "true":
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush() // the watch is open
+			watching <- q.Get("resourceVersion")
+			<-r.Context().Done() // a quiet watch, until it is stopped
+		default:
+			mu.Lock()
+			lists++
+			name, rv := "old", "10"
+			if lists > 1 {
+				name, rv = "fresh", "3"
+			}
+			mu.Unlock()
+			io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"`+rv+`"},"items":[
+				{"metadata":{"name":"`+name+`","namespace":"default","uid":"`+name+`-uid","resourceVersion":"2"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	st := pwStore(t, "n1")
+	client, err := NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{NodeName: "n1"}, Deps{Client: client, Store: st, Clock: clocktest.New(time.Unix(0, 0)), Log: pwLog(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := pwRun(t, s)
+	giveUp := time.NewTimer(10 * time.Second) // a safety net, not a wait
+	defer giveUp.Stop()
+	watchFrom := func(want string) {
+		t.Helper()
+		select {
+		case rv := <-watching:
+			if rv != want {
+				t.Fatalf("watch from %q, want %q", rv, want)
+			}
+		case <-giveUp.C:
+			t.Fatalf("no watch from %q", want)
+		}
+	}
+	watchFrom("10")
+	if _, ok := pwStored(t, st, "old"); !ok {
+		t.Fatal("old not stored by the list")
+	}
+
+	s.noteForgotten()
+	watchFrom("3")
+	stop()
+	if _, ok := pwStored(t, st, "old"); ok {
+		t.Fatal("old kept after the relist of the forgotten node")
+	}
+	if _, ok := pwStored(t, st, "fresh"); !ok {
+		t.Fatal("fresh not stored by the relist of the forgotten node")
+	}
+	if rv := pwResumeVersion(t, st); rv != "3" {
+		t.Fatalf("resume version %q, want the new list's 3", rv)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=3"}
 	if !reflect.DeepEqual(reqs, want) {
 		t.Fatalf("requests %q, want %q", reqs, want)
 	}

@@ -75,6 +75,7 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 	pods, cancelPods := s.deps.Store.Subscribe(store.KindPod)
 	defer cancelPods()
 	d := newDrainer(s, api)
+	d.forgotten, _ = s.forgottenCount()
 	bo := newReconnectBackoff()
 	recheck := s.deps.Clock.NewTimer(statusRecheck)
 	defer recheck.Stop()
@@ -83,6 +84,11 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 		// and nothing is sent while the link is down.
 		if err := s.waitNodeSynced(ctx); err != nil {
 			return
+		}
+		forgotten, changed := s.forgottenCount()
+		if forgotten != d.forgotten {
+			d.forgetKnown()
+			d.forgotten = forgotten
 		}
 		var again bool
 		var err error
@@ -114,6 +120,8 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 		case <-s.sink.wakeup():
 		case <-recheck.C():
 			d.mirrorsDirty = true
+		case <-changed:
+			// The link, or what the API server knows of the node.
 		}
 	}
 }
@@ -145,6 +153,35 @@ type drainer struct {
 	logged map[string]string
 	// again asks for another pass at once (a mirror pod to recreate).
 	again bool
+	// forgotten is the Syncer's forgottenCount as the sink last saw it.
+	forgotten uint64
+	// sentStatic is the status last patched onto each static pod's
+	// mirror pod, by namespace/name, and restore the mirror pods made
+	// again that are to get it back (forgetKnown).
+	sentStatic map[string]sentStatus
+	restore    map[string]bool
+}
+
+// sentStatus is a static pod's status as last sent, with the static
+// pod's UID.
+type sentStatus struct {
+	uid    types.UID
+	status corev1.PodStatus
+}
+
+// forgetKnown drops what the sink knows of the API server's pods, once
+// the server forgot the Node (rebuilt from an empty etcd, or the Node
+// deleted and with it, by the garbage collector, its mirror pods): the
+// next pass lists them again, makes the missing mirror pods and gives
+// them back the statuses last sent, which no journal entry holds any
+// more.
+func (d *drainer) forgetKnown() {
+	d.listed = false
+	d.mirrorsDirty = true
+	d.node = ""
+	for key := range d.sentStatic {
+		d.restore[key] = true
+	}
 }
 
 func newDrainer(s *Syncer, api podAPI) *drainer {
@@ -152,6 +189,7 @@ func newDrainer(s *Syncer, api podAPI) *drainer {
 		s: s, api: api, mirrorsDirty: true,
 		known: map[string]*knownPod{}, problems: map[string]mirrorProblem{},
 		patched: map[string]uint64{}, logged: map[string]string{},
+		sentStatic: map[string]sentStatus{}, restore: map[string]bool{},
 	}
 }
 
@@ -312,6 +350,8 @@ func (d *drainer) sendStatic(ctx context.Context, e store.Entry, static, p *core
 		d.dropped(key, "mirror pod: "+dropReason(err), err)
 		return d.ack(e)
 	}
+	d.sentStatic[key] = sentStatus{uid: static.UID, status: p.Status}
+	delete(d.restore, key)
 	if got != nil && got.DeletionTimestamp != nil {
 		// Someone deleted the mirror pod: a mirror pod is not stopped by
 		// its deletion, it is made again (kubelet does the same).

@@ -142,6 +142,13 @@ type Syncer struct {
 	changed    chan struct{}
 	// uid is the registered Node's UID (node.go: nodeUID).
 	uid types.UID
+	// forgotten counts the times the Node had to be created while the
+	// node had been known to the API server (node.go: noteForgotten):
+	// what the watches and the status sink know of the server is stale.
+	forgotten uint64
+	// resumed says the store held a pods resume version when the
+	// Syncer was made: an earlier run synced the node with an API server.
+	resumed bool
 	// absent says the node is away (SetPresent): its Lease is not
 	// renewed and nothing is written for it.
 	absent bool
@@ -169,6 +176,10 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, changed: make(chan struct{})}
 	s.writes = newLimiter(deps.Clock, cfg.WriteQPS, cfg.WriteBurst)
 	s.link = report.Link{Server: deps.Client.Config.Host, Since: deps.Clock.Now()}
+	// Read before any loop runs: the pods watch of this run sets it.
+	if rv, err := deps.Store.ResumeVersion(podsResource); err == nil && rv != "" {
+		s.resumed = true
+	}
 	return s, nil
 }
 
