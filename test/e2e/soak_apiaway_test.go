@@ -115,8 +115,10 @@ func soakAPIServerAway(t *testing.T, sc soakScale, r *soakResult) {
 	}
 	n.waitPod("flipper", 60*time.Second, "not ready at the end of the churn", func(p *agent.PodInfo) bool { return !ready(p) })
 	os.Remove(filepath.Join(ctl, "churn"))
-	// The last exit may still be on its way: blinker runs again within
-	// its backoff (at most 5 min).
+	// A container that saw the file just before it went may be exiting:
+	// the agent notices within a few seconds, and blinker runs again
+	// within its backoff (at most 5 min), for good.
+	time.Sleep(3 * time.Second)
 	blink := n.waitPod("blinker", 6*time.Minute, "running after the churn", running)
 	n.waitPod(late, 60*time.Second, "running", running)
 	if d := away - time.Since(t0); d > 0 {
