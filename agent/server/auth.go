@@ -74,7 +74,8 @@ func NewGuard(cfg GuardConfig, deps GuardDeps) *Guard {
 }
 
 // Check authenticates r and authorizes it on node's kubelet API. status
-// is 0 when r may go on, else 401, 403 or 500 with msg to answer.
+// is 0 when r may go on, else 401, 403 or 500 with msg to answer, as
+// kubelet answers.
 func (s *Guard) Check(r *http.Request, node string) (status int, msg string) {
 	u, status, msg := s.authenticate(r)
 	if status != 0 {
@@ -149,8 +150,11 @@ type decision struct {
 
 // authenticate names the request's user: a client certificate that
 // verifies against the client CA, else a bearer token the API server
-// accepts, else anonymous when allowed. status is 0, or 401 with msg.
+// accepts, else anonymous when allowed. As kubelet's union of
+// authenticators, a certificate that does not verify does not stop a
+// valid token, but it does stop anonymous. status is 0, or 401 with msg.
 func (s *Guard) authenticate(r *http.Request) (u User, status int, msg string) {
+	certErr := ""
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && s.clientCAs != nil {
 		certs := r.TLS.PeerCertificates
 		inter := x509.NewCertPool()
@@ -162,10 +166,10 @@ func (s *Guard) authenticate(r *http.Request) (u User, status int, msg string) {
 			CurrentTime: s.deps.Clock.Now(),
 			KeyUsages:   []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		})
-		if err != nil {
-			return u, http.StatusUnauthorized, "client certificate: " + err.Error()
+		if err == nil {
+			return User{Name: certs[0].Subject.CommonName, Groups: slices.Clone(certs[0].Subject.Organization), FromCert: true}, 0, ""
 		}
-		return User{Name: certs[0].Subject.CommonName, Groups: slices.Clone(certs[0].Subject.Organization), FromCert: true}, 0, ""
+		certErr = "client certificate: " + err.Error()
 	}
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, token, ok := strings.Cut(h, " ")
@@ -174,6 +178,9 @@ func (s *Guard) authenticate(r *http.Request) (u User, status int, msg string) {
 			return u, http.StatusUnauthorized, "Authorization header: not a bearer token"
 		}
 		return s.authenticateToken(r.Context(), token)
+	}
+	if certErr != "" {
+		return u, http.StatusUnauthorized, certErr
 	}
 	if s.cfg.Anonymous {
 		return User{Name: "system:anonymous", Groups: []string{"system:unauthenticated"}}, 0, ""
@@ -255,17 +262,32 @@ func fineGrained(path string) string {
 }
 
 // authorize says whether u may make request r. status is 0, or 403 with
-// msg, or 500 when nobody can be asked and u cannot be trusted locally.
+// msg, or 500 when the API server cannot be asked and no earlier
+// decision or local group stands in: kubelet's answer to an authorizer
+// error, which tells the client to retry rather than that it is denied.
 func (s *Guard) authorize(r *http.Request, u User, node string) (status int, msg string) {
 	verb, sub := attributes(r)
+	subs := []string{sub}
 	if fg := fineGrained(r.URL.Path); fg != "" {
-		if ok, _ := s.allowed(r.Context(), u, verb, fg, node); ok {
+		subs = []string{fg, sub}
+	}
+	reason, unasked := "", ""
+	for _, sr := range subs {
+		d, ok := s.allowed(r.Context(), u, verb, sr, node)
+		if !ok {
+			// Unlike kubelet, which stops at the first error, proxy is
+			// still tried: a decision kept for it may stand offline.
+			unasked = sr
+			continue
+		}
+		if d.allowed {
 			return 0, ""
 		}
+		reason = d.reason
 	}
-	ok, reason := s.allowed(r.Context(), u, verb, sub, node)
-	if ok {
-		return 0, ""
+	if unasked != "" {
+		return http.StatusInternalServerError, "Authorization error (user=" + u.Name + ", verb=" + verb +
+			", resource=nodes, subresource=" + unasked + "): the API server cannot be asked now"
 	}
 	msg = "Forbidden (user=" + u.Name + ", verb=" + verb + ", resource=nodes, subresource=" + sub + ")"
 	if reason != "" {
@@ -274,40 +296,42 @@ func (s *Guard) authorize(r *http.Request, u User, node string) (status int, msg
 	return http.StatusForbidden, msg
 }
 
-// allowed asks the API server, through the cache. When it cannot be
-// asked, a decision made for the same question within a day stands;
-// failing that, only a certificate user in one of the local groups is
-// let in, so an operator with an admin certificate can still debug an
-// offline node while tokens fail closed.
-func (s *Guard) allowed(ctx context.Context, u User, verb, sub, node string) (bool, string) {
+// allowed asks the API server, through the cache; ok is false when
+// there is no decision. When the API server cannot be asked, a decision
+// made for the same question within a day stands; failing that, only a
+// certificate user in one of the local groups is let in, so an operator
+// with an admin certificate can still debug an offline node while
+// tokens fail closed.
+func (s *Guard) allowed(ctx context.Context, u User, verb, sub, node string) (d decision, ok bool) {
 	local := u.FromCert && slices.ContainsFunc(u.Groups, func(g string) bool { return slices.Contains(s.cfg.LocalGroups, g) })
 	if s.deps.Reviewer == nil {
 		if local {
-			return true, ""
+			return decision{allowed: true}, true
 		}
-		return false, "the agent runs standalone: only client certificates of the groups in server.localGroups are authorized"
+		return decision{reason: "the agent runs standalone: only client certificates of the groups in server.localGroups are authorized"}, true
 	}
 	key := strings.Join([]string{node, u.Name, u.UID, strings.Join(u.Groups, ","), verb, sub}, "\x00")
 	now := s.deps.Clock.Now()
 	e, fresh, found := s.decisions.get(key, now)
 	if fresh {
-		return e.val.allowed, e.val.reason
+		return e.val, true
 	}
-	ok, reason, err := s.deps.Reviewer.Authorize(ctx, u, verb, sub, node)
+	allowed, reason, err := s.deps.Reviewer.Authorize(ctx, u, verb, sub, node)
 	if err != nil {
 		s.deps.Log.Warn("kubelet api: subject access review failed", "user", u.Name, "err", err)
 		if found && now.Sub(e.seen) < staleAllowance {
-			return e.val.allowed, e.val.reason
+			return e.val, true
 		}
 		if local {
-			return true, ""
+			return decision{allowed: true}, true
 		}
-		return false, "the API server cannot be asked now"
+		return decision{}, false
 	}
 	ttl := allowedTTL
-	if !ok {
+	if !allowed {
 		ttl = deniedTTL
 	}
-	s.decisions.put(key, decision{ok, reason}, now, ttl)
-	return ok, reason
+	d = decision{allowed, reason}
+	s.decisions.put(key, d, now, ttl)
+	return d, true
 }

@@ -136,15 +136,26 @@ func newCA(t *testing.T) *testCA {
 }
 
 func (ca *testCA) client(t *testing.T, cn string, groups ...string) tls.Certificate {
+	return ca.clientValid(t, cn, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), groups...)
+}
+
+// clientValid is a client certificate valid from notBefore to notAfter.
+func (ca *testCA) clientValid(t *testing.T, cn string, notBefore, notAfter time.Time, groups ...string) tls.Certificate {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn, Organization: groups},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: notBefore, NotAfter: notAfter,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func (h *harness) caPool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(h.ca.cert)
+	return p
 }
 
 type harness struct {
@@ -296,8 +307,49 @@ func TestAuth(t *testing.T) {
 	if status, body := h.do("GET", "/healthz", &admin2, ""); status != 200 {
 		t.Errorf("offline, admin certificate: %d %q, want 200", status, body)
 	}
-	if status, _ := h.do("GET", "/healthz", &bob, ""); status != 403 {
-		t.Errorf("offline, certificate outside the local groups: %d, want 403", status)
+	// bob was never asked about healthz: kubelet answers an authorizer
+	// error with 500, not a denial.
+	if status, body := h.do("GET", "/healthz", &bob, ""); status != 500 || !strings.Contains(body, "Authorization error (user=bob, verb=get, resource=nodes, subresource=proxy)") {
+		t.Errorf("offline, certificate outside the local groups: %d %q, want 500", status, body)
+	}
+	// bob's metrics denial within the day stands.
+	if status, body := h.do("GET", "/metrics", &bob, ""); status != 403 {
+		t.Errorf("offline, bob denied earlier: %d %q, want 403", status, body)
+	}
+}
+
+// TestAuthenticateLikeKubelet: a certificate that does not verify (an
+// unknown CA, expired) is a 401, not a failed handshake; a valid token
+// beside it still gets in, as with kubelet's union of authenticators;
+// anonymous never stands in for a bad certificate.
+func TestAuthenticateLikeKubelet(t *testing.T) {
+	h := start(t, false)
+	other := newCA(t).client(t, "mallory", "system:masters")
+	expired := h.ca.clientValid(t, "old", time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour), "system:masters")
+	cases := []struct {
+		name   string
+		cert   *tls.Certificate
+		token  string
+		status int
+		body   string
+	}{
+		{"expired certificate", &expired, "", 401, "certificate has expired"},
+		{"certificate of another CA", &other, "", 401, "unknown authority"},
+		{"certificate of another CA and a good token", &other, "good", 200, "ok"},
+		{"expired certificate and a bad token", &expired, "bad", 401, "Unauthorized"},
+	}
+	for _, c := range cases {
+		status, body := h.do("GET", "/healthz", c.cert, c.token)
+		if status != c.status || !strings.Contains(body, c.body) {
+			t.Errorf("%s: got %d %q, want %d containing %q", c.name, status, body, c.status, c.body)
+		}
+	}
+	g := NewGuard(GuardConfig{ClientCAs: h.caPool(), Anonymous: true}, GuardDeps{Reviewer: h.rev, Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler)})
+	leaf, _ := x509.ParseCertificate(expired.Certificate[0])
+	r, _ := http.NewRequest("GET", "/healthz", nil)
+	r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}}
+	if status, msg := g.Check(r, "n1"); status != 401 {
+		t.Errorf("anonymous allowed, expired certificate: %d %q, want 401", status, msg)
 	}
 }
 
