@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,9 @@ type Config struct {
 	// StreamIdleTimeout ends an exec, attach or port-forward session
 	// idle that long (kubelet's default, 4h, when 0).
 	StreamIdleTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection without a request that
+	// long (kubelet's 90 s when 0).
+	IdleTimeout time.Duration
 }
 
 // Deps are the server's collaborators; Node, Clock and Log are required.
@@ -81,6 +85,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	if cfg.StreamIdleTimeout == 0 {
 		cfg.StreamIdleTimeout = 4 * time.Hour
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 90 * time.Second
 	}
 	s := &Server{cfg: cfg, deps: deps}
 	gc := GuardConfig{Anonymous: cfg.Anonymous, LocalGroups: cfg.LocalGroups}
@@ -131,12 +138,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, cert tls.Certificat
 		NextProtos: []string{"http/1.1"},
 	}
 	srv := &http.Server{
-		Handler:           s,
-		TLSConfig:         tlsCfg,
+		Handler:   s,
+		TLSConfig: tlsCfg,
+		// Also the TLS handshake's limit: a client that trickles its
+		// handshake or headers is cut off.
 		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Without it a kept-alive connection waits forever for its next
+		// request: enough idle clients use up the agent's descriptors.
+		IdleTimeout:    s.cfg.IdleTimeout,
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelDebug),
+		BaseContext:    func(net.Listener) context.Context { return ctx },
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(tls.NewListener(ln, tlsCfg)) }()
@@ -161,7 +173,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, msg, status)
 		return
 	}
+	if msg := uncleanPath(r.URL.Path); msg != "" {
+		http.Error(w, msg, http.StatusBadRequest)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// uncleanPath says what is wrong with a path that has empty, . or ..
+// segments, "" for a clean one. No endpoint has such paths; the mux
+// would answer them with a redirect to the cleaned path (which the Guard
+// has not seen), kubelet with a 404.
+func uncleanPath(p string) string {
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for i, seg := range segs {
+		switch {
+		case seg == "." || seg == "..":
+			return fmt.Sprintf("path %q: a %q segment", p, seg)
+		case seg == "" && i < len(segs)-1:
+			return fmt.Sprintf("path %q: an empty segment (//)", p)
+		}
+	}
+	return ""
 }
 
 // Authorized serves requests that someone this node trusts already

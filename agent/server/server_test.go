@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -390,7 +391,7 @@ func TestLogs(t *testing.T) {
 		{"/containerLogs/default/web/nginx", 404, `container "nginx" is not in pod default/web`},
 		{"/containerLogs/default/nope/httpd", 404, "pod default/nope is not on this node"},
 		{"/containerLogs/kube-system/secret-pod/main", 400, "has no log yet"},
-		{"/containerLogs/default/web/..%2f..%2fkube-system_secret-pod_u2%2fmain", 404, "is not in pod"},
+		{"/containerLogs/default/web/..%2f..%2fkube-system_secret-pod_u2%2fmain", 400, `a ".." segment`},
 	}
 	for _, c := range cases {
 		status, body := h.do("GET", c.path, &admin, "")
@@ -639,5 +640,63 @@ func TestOversized(t *testing.T) {
 	}
 	if status, body := h.do("GET", "/healthz", &admin, ""); status != 200 {
 		t.Errorf("after it: %d %q", status, body)
+	}
+}
+
+// TestUncleanPathRefused: a path with . or .. segments is a 400 after
+// authentication, not the mux's redirect to a path the Guard did not
+// authorize; nothing runs.
+func TestUncleanPathRefused(t *testing.T) {
+	h := start(t, true)
+	admin := h.ca.client(t, "admin", "system:masters")
+	for _, p := range []string{
+		"/stats/../run/default/web/httpd?cmd=echo+ran",
+		"/stats/%2E%2E/run/default/web/httpd?cmd=echo+ran",
+		"/run/default/web/./httpd?cmd=echo+ran",
+		"/run//default/web/httpd?cmd=echo+ran",
+	} {
+		status, body := h.do("POST", p, &admin, "")
+		if status != 400 || !strings.Contains(body, "segment") || strings.Contains(body, "ran") {
+			t.Errorf("POST %s: %d %q, want 400 naming the segment", p, status, body)
+		}
+	}
+	if status, body := h.do("POST", "/run/default/web/httpd?cmd=echo+ran", &admin, ""); status != 200 || body != "ran\n" {
+		t.Errorf("clean path: %d %q", status, body)
+	}
+	if status, _ := h.do("GET", "/stats/../pods", nil, ""); status != 401 {
+		t.Errorf("unclean path without credentials: %d, want 401 first", status)
+	}
+}
+
+// TestIdleConnectionClosed: a kept-alive connection with no next request
+// is closed after IdleTimeout, so idle clients cannot hold descriptors.
+func TestIdleConnectionClosed(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t)
+	caFile := filepath.Join(dir, "ca.crt")
+	os.WriteFile(caFile, ca.pem, 0o644)
+	s, err := New(Config{NodeName: "n1", CertDir: dir, ClientCAFile: caFile, LocalGroups: []string{"system:masters"}, IdleTimeout: 300 * time.Millisecond},
+		Deps{Node: &fakeNode{}, Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := serve(t, s)
+	admin := ca.client(t, "admin", "system:masters")
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{admin}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: n1\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("idle connection: read %v, want it closed by the server", err)
 	}
 }

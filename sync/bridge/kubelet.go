@@ -93,8 +93,10 @@ func (b *Bridge) startKubelet() error {
 	ks.srv = &http.Server{
 		Handler:           http.HandlerFunc(b.serveKubelet),
 		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
+		// As the agent's: a kept-alive connection is not kept forever.
+		IdleTimeout:    90 * time.Second,
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
 	}
 	b.kubelet = ks
 	go func() {
