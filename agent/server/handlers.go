@@ -21,10 +21,6 @@ import (
 	"github.com/outpost-edge/outpost/internal/promtext"
 )
 
-// streamCreationTimeout is how long a client has to open its streams
-// (kubelet's default).
-const streamCreationTimeout = remotecommand.DefaultStreamCreationTimeout
-
 func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
@@ -373,8 +369,14 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	remotecommand.ServeExec(w, r, &streamer{s: s, pod: pod}, pod.Namespace+"/"+pod.Name, string(pod.UID), container, cmd,
-		opts, s.cfg.StreamIdleTimeout, streamCreationTimeout, remotecommand.SupportedStreamingProtocols)
+	if msg := badWebSocketProtocol(r); msg != "" {
+		http.Error(w, msg, http.StatusForbidden)
+		return
+	}
+	streamed(w, func(w http.ResponseWriter) {
+		remotecommand.ServeExec(w, r, &streamer{s: s, pod: pod}, pod.Namespace+"/"+pod.Name, string(pod.UID), container, cmd,
+			opts, s.cfg.StreamIdleTimeout, s.cfg.StreamCreationTimeout, remotecommand.SupportedStreamingProtocols)
+	})
 }
 
 // attach answers /attach.
@@ -390,8 +392,14 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	remotecommand.ServeAttach(w, r, &streamer{s: s, pod: pod}, pod.Namespace+"/"+pod.Name, string(pod.UID), container,
-		opts, s.cfg.StreamIdleTimeout, streamCreationTimeout, remotecommand.SupportedStreamingProtocols)
+	if msg := badWebSocketProtocol(r); msg != "" {
+		http.Error(w, msg, http.StatusForbidden)
+		return
+	}
+	streamed(w, func(w http.ResponseWriter) {
+		remotecommand.ServeAttach(w, r, &streamer{s: s, pod: pod}, pod.Namespace+"/"+pod.Name, string(pod.UID), container,
+			opts, s.cfg.StreamIdleTimeout, s.cfg.StreamCreationTimeout, remotecommand.SupportedStreamingProtocols)
+	})
 }
 
 // portForward answers /portForward.
@@ -406,8 +414,10 @@ func (s *Server) portForward(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	portforward.ServePortForward(w, r, &streamer{s: s, pod: pod}, pod.Namespace+"/"+pod.Name, string(pod.UID),
-		opts, s.cfg.StreamIdleTimeout, streamCreationTimeout, portforward.SupportedProtocols)
+	streamed(w, func(w http.ResponseWriter) {
+		portforward.ServePortForward(w, r, &streamer{s: s, pod: pod}, pod.Namespace+"/"+pod.Name, string(pod.UID),
+			opts, s.cfg.StreamIdleTimeout, s.cfg.StreamCreationTimeout, portforward.SupportedProtocols)
+	})
 }
 
 // run answers /run: the command in cmd (split at spaces, as kubelet

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/cri-streaming/pkg/streaming/remotecommand"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/promtext"
@@ -48,6 +49,10 @@ type Config struct {
 	// StreamIdleTimeout ends an exec, attach or port-forward session
 	// idle that long (kubelet's default, 4h, when 0).
 	StreamIdleTimeout time.Duration
+	// StreamCreationTimeout is how long a client that upgraded an exec,
+	// attach or port-forward has to open its streams (kubelet's 30 s when
+	// 0).
+	StreamCreationTimeout time.Duration
 	// IdleTimeout closes a kept-alive connection without a request that
 	// long (kubelet's 90 s when 0).
 	IdleTimeout time.Duration
@@ -85,6 +90,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	if cfg.StreamIdleTimeout == 0 {
 		cfg.StreamIdleTimeout = 4 * time.Hour
+	}
+	if cfg.StreamCreationTimeout == 0 {
+		cfg.StreamCreationTimeout = remotecommand.DefaultStreamCreationTimeout
 	}
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = 90 * time.Second
@@ -173,6 +181,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, msg, status)
 		return
 	}
+	s.serve(w, r)
+}
+
+// serve serves an authorized request.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if msg := uncleanPath(r.URL.Path); msg != "" {
 		http.Error(w, msg, http.StatusBadRequest)
 		return
@@ -200,7 +213,7 @@ func uncleanPath(p string) string {
 // Authorized serves requests that someone this node trusts already
 // authenticated and authorized: the bridge, for a node it reaches over
 // MQTT (the tunnel's frames come only from the bridge).
-func (s *Server) Authorized() http.Handler { return s.mux }
+func (s *Server) Authorized() http.Handler { return http.HandlerFunc(s.serve) }
 
 // Node is what the server reads and drives on the node. agent implements
 // it over its pod workers and runtime.

@@ -668,35 +668,95 @@ func TestUncleanPathRefused(t *testing.T) {
 	}
 }
 
-// TestIdleConnectionClosed: a kept-alive connection with no next request
-// is closed after IdleTimeout, so idle clients cannot hold descriptors.
-func TestIdleConnectionClosed(t *testing.T) {
+// startWith serves a node with the pod default/web (container httpd),
+// standalone, with cfg's timeouts, and returns its address and an admin
+// certificate.
+func startWith(t *testing.T, cfg Config) (string, tls.Certificate) {
+	t.Helper()
 	dir := t.TempDir()
 	ca := newCA(t)
-	caFile := filepath.Join(dir, "ca.crt")
-	os.WriteFile(caFile, ca.pem, 0o644)
-	s, err := New(Config{NodeName: "n1", CertDir: dir, ClientCAFile: caFile, LocalGroups: []string{"system:masters"}, IdleTimeout: 300 * time.Millisecond},
-		Deps{Node: &fakeNode{}, Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler)})
+	cfg.NodeName, cfg.CertDir, cfg.ClientCAFile, cfg.LocalGroups = "n1", dir, filepath.Join(dir, "ca.crt"), []string{"system:masters"}
+	os.WriteFile(cfg.ClientCAFile, ca.pem, 0o644)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "u1"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "httpd"}}}}
+	s, err := New(cfg, Deps{Node: &fakeNode{pods: []*corev1.Pod{pod}}, Clock: clock.Real{}, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr, _ := serve(t, s)
-	admin := ca.client(t, "admin", "system:masters")
-	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{admin}})
+	return addr, ca.client(t, "admin", "system:masters")
+}
+
+// rawRequest sends req on a new connection and returns the connection,
+// a reader after the answer's headers, and the answer.
+func rawRequest(t *testing.T, addr string, cert tls.Certificate, req string) (*tls.Conn, *bufio.Reader, *http.Response) {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: n1\r\n\r\n")
+	t.Cleanup(func() { conn.Close() })
+	io.WriteString(conn, req)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn, br, resp
+}
+
+// closedWithin reports whether the server closes conn within d.
+func closedWithin(conn net.Conn, br *bufio.Reader, d time.Duration) bool {
+	conn.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, br)
+	return !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// TestIdleConnectionClosed: a kept-alive connection with no next request
+// is closed after IdleTimeout, so idle clients cannot hold descriptors.
+func TestIdleConnectionClosed(t *testing.T) {
+	addr, admin := startWith(t, Config{IdleTimeout: 300 * time.Millisecond})
+	conn, br, resp := rawRequest(t, addr, admin, "GET /healthz HTTP/1.1\r\nHost: n1\r\n\r\n")
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Errorf("idle connection: read %v, want it closed by the server", err)
+	if !closedWithin(conn, br, 10*time.Second) {
+		t.Error("an idle connection stayed open 10 s, with a 300 ms idle timeout")
+	}
+}
+
+// TestUpgradeWithoutStreamsClosed: a client that upgrades an exec or
+// attach and opens no streams loses its connection after the stream
+// creation timeout; the streaming code left it open until the stream
+// idle timeout (4 h). (A port-forward with no streams is one waiting for
+// its first local connection: the idle timeout is its limit.)
+func TestUpgradeWithoutStreamsClosed(t *testing.T) {
+	addr, admin := startWith(t, Config{StreamCreationTimeout: 300 * time.Millisecond})
+	for _, c := range []struct{ path, proto string }{
+		{"/exec/default/web/httpd?command=echo&command=ran&output=1", "v4.channel.k8s.io"},
+		{"/attach/default/web/httpd?output=1", "v4.channel.k8s.io"},
+	} {
+		conn, br, resp := rawRequest(t, addr, admin, "POST "+c.path+" HTTP/1.1\r\nHost: n1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"+
+			"X-Stream-Protocol-Version: "+c.proto+"\r\nContent-Length: 0\r\n\r\n")
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("%s: %s, want 101", c.path, resp.Status)
+		}
+		if !closedWithin(conn, br, 10*time.Second) {
+			t.Errorf("%s: upgraded without streams, still open after 10 s with a 300 ms stream creation timeout", c.path)
+		}
+	}
+}
+
+// TestWebSocketUnknownProtocol: a WebSocket exec or attach asking only
+// for subprotocols the server does not speak gets a 403 that says so,
+// not the streaming code's bare 403.
+func TestWebSocketUnknownProtocol(t *testing.T) {
+	addr, admin := startWith(t, Config{})
+	for _, path := range []string{"/exec/default/web/httpd?command=echo&command=ran&output=1", "/attach/default/web/httpd?output=1"} {
+		_, _, resp := rawRequest(t, addr, admin, "GET "+path+" HTTP/1.1\r\nHost: n1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+			"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: nope.example.com, v9.example.com\r\n\r\n")
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 403 || !strings.Contains(string(body), "nope.example.com, v9.example.com: not supported; the server speaks channel.k8s.io") {
+			t.Errorf("%s: %d %q", path, resp.StatusCode, body)
+		}
 	}
 }
