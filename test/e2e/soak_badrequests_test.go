@@ -313,13 +313,16 @@ func badRequestRound(t *testing.T, k kapi, round int, answer func(class, what st
 		{"exec, websocket version 7", "GET", "/exec/default/" + k.pod + "/main?" + touch("wsver"), ws("Sec-WebSocket-Version: 7", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol: v4.channel.k8s.io")},
 		{"exec, websocket without a key", "GET", "/exec/default/" + k.pod + "/main?" + touch("wskey"), ws("Sec-WebSocket-Version: 13", "Sec-WebSocket-Protocol: v4.channel.k8s.io")},
 		{"exec, websocket unknown subprotocol", "GET", "/exec/default/" + k.pod + "/main?" + touch("wsproto"), ws("Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol: nope.example.com")},
-		{"attach, Upgrade: bogus", "POST", "/attach/default/" + k.pod + "/main?stdout=1", []string{"Connection: Upgrade", "Upgrade: bogus/1.0", "X-Stream-Protocol-Version: v4.channel.k8s.io"}},
-		{"attach, unknown subprotocol", "POST", "/attach/default/" + k.pod + "/main?stdout=1", append(spdy, "X-Stream-Protocol-Version: v99.channel.example.com")},
+		{"attach, Upgrade: bogus", "POST", "/attach/default/" + k.pod + "/main?output=1", []string{"Connection: Upgrade", "Upgrade: bogus/1.0", "X-Stream-Protocol-Version: v4.channel.k8s.io"}},
+		{"attach, unknown subprotocol", "POST", "/attach/default/" + k.pod + "/main?output=1", append(spdy, "X-Stream-Protocol-Version: v99.channel.example.com")},
 		{"portForward, Upgrade: bogus", "POST", "/portForward/default/" + k.pod + "", []string{"Connection: Upgrade", "Upgrade: bogus/1.0", "X-Stream-Protocol-Version: portforward.k8s.io"}},
 		{"portForward, unknown subprotocol", "POST", "/portForward/default/" + k.pod + "", append(spdy, "X-Stream-Protocol-Version: v99.example.com")},
 		{"portForward, no upgrade", "GET", "/portForward/default/" + k.pod + "", nil},
 	} {
 		code, body, err := k.do(k.req(c.method, c.path, c.hdr...))
+		if round == 1 {
+			t.Logf("%s: %d %q", c.what, code, strings.TrimSpace(body))
+		}
 		answer("upgrade", c.what, 0, code, body, err)
 	}
 	// A good SPDY upgrade, then garbage, or nothing and a close: the
