@@ -23,29 +23,51 @@ import (
 
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
-	m.HandleFunc("GET /pods", s.pods)
-	m.HandleFunc("GET /pods/", s.pods)
-	m.HandleFunc("GET /containerLogs/{ns}/{pod}/{container}", s.containerLogs)
-	for _, p := range []string{"/exec/{ns}/{pod}/{container}", "/exec/{ns}/{pod}/{uid}/{container}"} {
-		m.HandleFunc("GET "+p, s.exec)
-		m.HandleFunc("POST "+p, s.exec)
+	for _, r := range s.endpoints() {
+		m.HandleFunc(r.pattern, r.h)
 	}
-	for _, p := range []string{"/attach/{ns}/{pod}/{container}", "/attach/{ns}/{pod}/{uid}/{container}"} {
-		m.HandleFunc("GET "+p, s.attach)
-		m.HandleFunc("POST "+p, s.attach)
-	}
-	for _, p := range []string{"/portForward/{ns}/{pod}", "/portForward/{ns}/{pod}/{uid}"} {
-		m.HandleFunc("GET "+p, s.portForward)
-		m.HandleFunc("POST "+p, s.portForward)
-	}
-	m.HandleFunc("POST /run/{ns}/{pod}/{container}", s.run)
-	m.HandleFunc("POST /run/{ns}/{pod}/{uid}/{container}", s.run)
-	m.HandleFunc("GET /metrics", s.metrics)
-	m.HandleFunc("GET /metrics/resource", s.resource)
-	m.HandleFunc("GET /stats/summary", s.summary)
-	m.HandleFunc("GET /stats/summary/", s.summary)
 	s.mux = m
+}
+
+// endpoint is one endpoint of the kubelet API: its pattern (method and
+// path, as http.ServeMux reads them) and handler.
+type endpoint struct {
+	pattern string
+	h       http.HandlerFunc
+}
+
+// endpoints are what the kubelet API serves.
+func (s *Server) endpoints() []endpoint {
+	var es []endpoint
+	add := func(h http.HandlerFunc, methods string, paths ...string) {
+		for _, p := range paths {
+			for _, m := range strings.Fields(methods) {
+				es = append(es, endpoint{m + " " + p, h})
+			}
+		}
+	}
+	add(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }, "GET", "/healthz")
+	add(s.pods, "GET", "/pods", "/pods/")
+	add(s.containerLogs, "GET", "/containerLogs/{ns}/{pod}/{container}")
+	add(s.exec, "GET POST", "/exec/{ns}/{pod}/{container}", "/exec/{ns}/{pod}/{uid}/{container}")
+	add(s.attach, "GET POST", "/attach/{ns}/{pod}/{container}", "/attach/{ns}/{pod}/{uid}/{container}")
+	add(s.portForward, "GET POST", "/portForward/{ns}/{pod}", "/portForward/{ns}/{pod}/{uid}")
+	add(s.run, "POST", "/run/{ns}/{pod}/{container}", "/run/{ns}/{pod}/{uid}/{container}")
+	add(s.metrics, "GET", "/metrics")
+	add(s.resource, "GET", "/metrics/resource")
+	add(s.summary, "GET", "/stats/summary", "/stats/summary/")
+	return es
+}
+
+// Endpoints are the patterns (method and path, as http.ServeMux reads
+// them) of every endpoint the kubelet API serves: what a test of who
+// gets in must cover.
+func Endpoints() []string {
+	var out []string
+	for _, e := range (&Server{}).endpoints() {
+		out = append(out, e.pattern)
+	}
+	return out
 }
 
 // pods answers /pods: a PodList of the node's pods with their status.
