@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -205,12 +206,20 @@ spec:
 		fdsAfter = countFDs(pid)
 		return fdsAfter <= fdsBefore+5, fmt.Sprintf("%d descriptors, %d before", fdsAfter, fdsBefore)
 	})
-	if code, _, err := k.do(k.req("GET", "/healthz")); err != nil || code != 200 {
-		t.Errorf("after it all: /healthz %d %v", code, err)
+	var found []string
+	problem := func(format string, args ...any) {
+		t.Helper()
+		t.Errorf(format, args...)
+		found = append(found, strings.SplitN(fmt.Sprintf(format, args...), ":", 2)[0])
 	}
-	marker.want(t, "control")
+	if code, _, err := k.do(k.req("GET", "/healthz")); err != nil || code != 200 {
+		problem("not serving after it all: /healthz %d %v", code, err)
+	}
+	if ran := marker.extra("control"); len(ran) > 0 {
+		problem("commands ran: markers %v", ran)
+	}
 	if after := podFingerprint(mustStatus(t, n)); after != podsBefore {
-		t.Errorf("pods changed:\nbefore %s\nafter  %s", podsBefore, after)
+		problem("pods changed:\nbefore %s\nafter  %s", podsBefore, after)
 	}
 	select {
 	case <-n.done:
@@ -219,14 +228,18 @@ spec:
 	}
 	n.stop()
 	if log, _ := os.ReadFile(filepath.Join(n.dir, "agent.log")); strings.Contains(string(log), "panic") || strings.Contains(string(log), "goroutine ") {
-		t.Errorf("the agent log has a panic")
+		problem("a panic in the agent log")
 	}
 	if after := storeRecords(t, n); after != recordsBefore {
-		t.Errorf("store records changed:\nbefore %s\nafter  %s", recordsBefore, after)
+		problem("store records changed:\nbefore %s\nafter  %s", recordsBefore, after)
+	}
+	verdict := "0 crashes, 0 commands run, pod and store unchanged"
+	if len(found) > 0 {
+		verdict = "FOUND: " + strings.Join(found, "; ")
 	}
 	mu.Lock()
-	r.set("%d rounds; sent %s; answers %s; descriptors %d before, %d at peak, %d after; 0 crashes, 0 commands run, pod and store unchanged",
-		rounds, countsLine(sent), codesLine(codes), fdsBefore, peak, fdsAfter)
+	r.set("%d rounds; sent %s; answers %s; descriptors %d before, %d at peak, %d after; %s",
+		rounds, countsLine(sent), codesLine(codes), fdsBefore, peak, fdsAfter, verdict)
 	mu.Unlock()
 }
 
@@ -482,6 +495,18 @@ func newMarkerDir(t testing.TB, parent string) markerDir {
 		t.Fatal(err)
 	}
 	return markerDir{d}
+}
+
+// extra returns the files in the directory other than names.
+func (m markerDir) extra(names ...string) []string {
+	var out []string
+	for e := range dirEntries(m.dir) {
+		if !slices.Contains(names, e) {
+			out = append(out, e)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // want checks that the directory holds exactly names.

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -24,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"github.com/outpost-edge/outpost/agent/server"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
 
@@ -165,7 +168,7 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 		{name: "service account token, no nodes/proxy", token: saToken, want: 403,
 			why: "the TokenReview names system:serviceaccount:default:default; the SubjectAccessReview is denied"},
 		{name: "certificate, nodes/stats only", certPEM: statsCert, keyPEM: statsKey, want: 403,
-			except: map[string]int{"GET /stats/summary": 200, "POST /stats/../run": 400, "POST /stats/%2E%2E/run": 400, "POST /stats/..%2Frun": 400},
+			except: map[string]int{"GET /stats/summary": 200, "GET /stats/summary/": 200, "POST /stats/../run": 400, "POST /stats/%2E%2E/run": 400, "POST /stats/..%2Frun": 400},
 			why:    "allowed nodes/stats, denied the other subresources; a path with .. is refused (400) after the stats check, never served as /run"},
 	}
 	// With the API server stopped, for credentials it never decided on.
@@ -177,26 +180,67 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 		{name: "API server away: no credentials", want: 401, why: "as online"},
 	}
 
+	p, err := adm.pod("who")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := string(p.UID)
+	spdy := func(proto string) []string {
+		return []string{"Connection: Upgrade", "Upgrade: SPDY/3.1", "X-Stream-Protocol-Version: " + proto}
+	}
+	ws := func(proto string) []string {
+		return []string{"Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol: " + proto}
+	}
+	const touch = "command=touch&command=/marker/ID&output=1&error=1"
 	eps := []whoEndpoint{
 		{"GET", "/healthz", nil},
 		{"GET", "/pods", nil},
+		{"GET", "/pods/", nil},
 		{"GET", "/metrics", nil},
 		{"GET", "/metrics/resource", nil},
 		{"GET", "/stats/summary", nil},
+		{"GET", "/stats/summary/", nil},
 		{"GET", "/containerLogs/default/who/main", nil},
 		{"POST", "/run/default/who/main?cmd=touch+/marker/ID", nil},
-		{"POST", "/exec/default/who/main?command=touch&command=/marker/ID&output=1", []string{"Connection: Upgrade", "Upgrade: SPDY/3.1", "X-Stream-Protocol-Version: v4.channel.k8s.io"}},
-		{"GET", "/exec/default/who/main?command=touch&command=/marker/ID&output=1", []string{"Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol: v4.channel.k8s.io"}},
-		{"POST", "/attach/default/who/main?output=1", []string{"Connection: Upgrade", "Upgrade: SPDY/3.1", "X-Stream-Protocol-Version: v4.channel.k8s.io"}},
-		{"POST", "/portForward/default/who", []string{"Connection: Upgrade", "Upgrade: SPDY/3.1", "X-Stream-Protocol-Version: portforward.k8s.io"}},
+		{"POST", "/run/default/who/" + uid + "/main?cmd=touch+/marker/ID", nil},
+		{"POST", "/exec/default/who/main?" + touch, spdy("v4.channel.k8s.io")},
+		{"POST", "/exec/default/who/" + uid + "/main?" + touch, spdy("v4.channel.k8s.io")},
+		{"GET", "/exec/default/who/main?" + touch, ws("v4.channel.k8s.io")},
+		{"GET", "/exec/default/who/" + uid + "/main?" + touch, ws("v4.channel.k8s.io")},
+		{"POST", "/attach/default/who/main?output=1", spdy("v4.channel.k8s.io")},
+		{"POST", "/attach/default/who/" + uid + "/main?output=1", spdy("v4.channel.k8s.io")},
+		{"GET", "/attach/default/who/main?output=1", ws("v4.channel.k8s.io")},
+		{"GET", "/attach/default/who/" + uid + "/main?output=1", ws("v4.channel.k8s.io")},
+		{"POST", "/portForward/default/who", spdy("portforward.k8s.io")},
+		{"POST", "/portForward/default/who/" + uid, spdy("portforward.k8s.io")},
+		{"GET", "/portForward/default/who?ports=80", ws("v4.channel.k8s.io")},
+		{"GET", "/portForward/default/who/" + uid + "?ports=80", ws("v4.channel.k8s.io")},
+		// Paths that would reach /run if a .. were followed.
 		{"POST", "/stats/../run/default/who/main?cmd=touch+/marker/ID", nil},
 		{"POST", "/stats/%2E%2E/run/default/who/main?cmd=touch+/marker/ID", nil},
 		{"POST", "/stats/..%2Frun/default/who/main?cmd=touch+/marker/ID", nil},
 	}
+	// Every endpoint the server serves is in the matrix.
+	mux, covered := http.NewServeMux(), map[string]bool{}
+	for _, pat := range server.Endpoints() {
+		mux.HandleFunc(pat, func(http.ResponseWriter, *http.Request) {})
+	}
+	for _, ep := range eps {
+		_, pat := mux.Handler(httptest.NewRequest(ep.method, ep.path, nil))
+		covered[pat] = true
+	}
+	for _, pat := range server.Endpoints() {
+		if !covered[pat] {
+			t.Errorf("endpoint %s is not in the matrix", pat)
+		}
+	}
 	requests, execs, codes := 0, 0, map[int]int{}
+	rCounts := func() string {
+		return fmt.Sprintf("%d identities × %d endpoints, %d requests; answers %s; %d streamed execs tried; status socket: %s",
+			len(online)+len(offline)+2, len(eps), requests, codesLine(codes), execs, socketLine)
+	}
 	line := func(stage string) {
-		r.set("%s; %d identities × %d endpoints, %d requests; answers %s; %d execs tried, 0 ran; status socket: %s",
-			stage, len(online)+len(offline), len(eps), requests, codesLine(codes), execs, socketLine)
+		r.set("%s; %s; %d commands ran", stage, rCounts(), len(marker.extra("control-exec", "control-run")))
 	}
 	matrix := func(ids []whoIdentity, round int) {
 		for i, id := range ids {
@@ -232,7 +276,6 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 		matrix(online, round)
 		line(fmt.Sprintf("online %d of %d rounds", round, rounds))
 	}
-	marker.want(t, "control-exec", "control-run")
 
 	api.Stop()
 	for round := 1; round <= rounds; round++ {
@@ -246,8 +289,25 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 	if code, body, err := op.client(t, addr).do(op.client(t, addr).req("GET", "/pods")); err != nil || code != 200 {
 		t.Errorf("offline, operator certificate of server.localGroups: %d %q %v, want 200", code, body, err)
 	}
-	marker.want(t, "control-exec", "control-run")
-	line(fmt.Sprintf("online and offline %d rounds each", rounds))
+	// The API server back: the same new credentials are now decided on.
+	api.Start(t)
+	late := whoIdentity{certPEM: lateCert, keyPEM: lateKey}
+	within(60*time.Second).For(t, "the agent asking the API server again", func() (bool, string) {
+		code, body, err := late.client(t, addr).do(late.client(t, addr).req("GET", "/healthz"))
+		return err == nil && code == 403, fmt.Sprintf("%d %q %v", code, body, err)
+	})
+	back := []whoIdentity{
+		{name: "API server back: the new certificate user", certPEM: lateCert, keyPEM: lateKey, want: 403,
+			why: "the SubjectAccessReview can be made again, and denies"},
+		{name: "API server back: the new token", token: laterToken, want: 403,
+			why: "the TokenReview names the service account; the SubjectAccessReview denies"},
+	}
+	matrix(back, 1)
+	line(fmt.Sprintf("online and offline %d rounds each, then the API server back", rounds))
+	if ran := marker.extra("control-exec", "control-run"); len(ran) > 0 {
+		t.Errorf("commands ran: markers %v", ran)
+		r.set("FOUND: %d commands ran (%v); %s", len(ran), ran, rCounts())
+	}
 }
 
 // key is how an identity's except names the endpoint: method and path
