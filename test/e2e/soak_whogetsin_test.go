@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,7 +121,7 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 		t.Fatal(err)
 	}
 	control := whoIdentity{name: "kube-apiserver", certPEM: kubeletCert, keyPEM: kubeletKey}
-	if code, body, err := control.client(t, addr).do(control.client(t, addr).req("POST", "/run/default/who/main?cmd=touch+/marker/control-run")); err != nil || code != 200 {
+	if code, body, err := control.ask(t, addr, "POST", "/run/default/who/main?cmd=touch+/marker/control-run"); err != nil || code != 200 {
 		t.Fatalf("control /run: %d %q %v", code, body, err)
 	}
 	if err := whoExec(control, addr, "control-exec"); err != nil {
@@ -244,14 +245,9 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 	}
 	matrix := func(ids []whoIdentity, round int) {
 		for i, id := range ids {
-			k := id.client(t, addr)
 			for j, ep := range eps {
 				path := strings.Replace(ep.path, "ID", fmt.Sprintf("r%d-id%d-ep%d", round, i, j), 1)
-				hdr := ep.hdr
-				if id.token != "" {
-					hdr = append(hdr[:len(hdr):len(hdr)], "Authorization: Bearer "+id.token)
-				}
-				code, body, err := k.do(k.req(ep.method, path, hdr...))
+				code, body, err := id.ask(t, addr, ep.method, path, ep.hdr...)
 				requests++
 				codes[code]++
 				want, ok := id.except[ep.key()]
@@ -286,14 +282,14 @@ func soakWhoGetsIn(t *testing.T, sc soakScale, r *soakResult) {
 	// in (outpost's offline rule; kubelet would answer 500).
 	opCert, opKey := certOf(api.CA, "operator", "system:masters")
 	op := whoIdentity{name: "operator", certPEM: opCert, keyPEM: opKey}
-	if code, body, err := op.client(t, addr).do(op.client(t, addr).req("GET", "/pods")); err != nil || code != 200 {
+	if code, body, err := op.ask(t, addr, "GET", "/pods"); err != nil || code != 200 {
 		t.Errorf("offline, operator certificate of server.localGroups: %d %q %v, want 200", code, body, err)
 	}
 	// The API server back: the same new credentials are now decided on.
 	api.Start(t)
 	late := whoIdentity{certPEM: lateCert, keyPEM: lateKey}
 	within(60*time.Second).For(t, "the agent asking the API server again", func() (bool, string) {
-		code, body, err := late.client(t, addr).do(late.client(t, addr).req("GET", "/healthz"))
+		code, body, err := late.ask(t, addr, "GET", "/healthz")
 		return err == nil && code == 403, fmt.Sprintf("%d %q %v", code, body, err)
 	})
 	back := []whoIdentity{
@@ -335,6 +331,17 @@ func (id whoIdentity) client(t testing.TB, addr string) kapi {
 		cfg.Certificates = []tls.Certificate{c}
 	}
 	return kapi{pod: "who", addr: addr, tls: cfg}
+}
+
+// ask sends one request as id, its token (if any) in the headers, and
+// returns the answer's status and body.
+func (id whoIdentity) ask(t testing.TB, addr, method, path string, hdr ...string) (int, string, error) {
+	t.Helper()
+	if id.token != "" {
+		hdr = append(slices.Clip(hdr), "Authorization: Bearer "+id.token)
+	}
+	k := id.client(t, addr)
+	return k.do(k.req(method, path, hdr...))
 }
 
 // whoExec streams an exec of touch /marker/<name> as kubectl does (SPDY,
