@@ -429,3 +429,43 @@ func (o *flapOrder) wrongs() []string {
 	defer o.mu.Unlock()
 	return slices.Clone(o.wrong[:min(len(o.wrong), 10)])
 }
+
+// TestFlapOrderFindsStaleStatuses shows BrokerFlapping's watch check
+// failing: a pod's older status seen after a newer one (a lower restart
+// count, an earlier transition or start time) is out of order, the same
+// status seen twice and a newer one are not, and a pod made anew under
+// the same name starts over.
+func TestFlapOrderFindsStaleStatuses(t *testing.T) {
+	at := func(sec int64) metav1.Time { return metav1.NewTime(time.Unix(sec, 0)) }
+	pod := func(uid string, restarts int32, ready corev1.ConditionStatus, transition, started int64) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", UID: types.UID(uid)}, Status: corev1.PodStatus{
+			Phase:      corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: ready, LastTransitionTime: at(transition)}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "main", RestartCount: restarts,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(started)}}}},
+		}}
+	}
+	for _, tc := range []struct {
+		name  string
+		pods  []*corev1.Pod
+		seen  int
+		wrong int
+	}{
+		{"in order", []*corev1.Pod{pod("a", 0, "True", 10, 5), pod("a", 0, "False", 12, 5), pod("a", 1, "True", 20, 19)}, 3, 0},
+		{"the same twice", []*corev1.Pod{pod("a", 1, "True", 20, 19), pod("a", 1, "True", 20, 19)}, 1, 0},
+		{"a restart count back", []*corev1.Pod{pod("a", 2, "True", 20, 19), pod("a", 1, "True", 20, 19)}, 2, 1},
+		{"a transition back", []*corev1.Pod{pod("a", 0, "True", 10, 5), pod("a", 0, "False", 12, 5), pod("a", 0, "True", 10, 5)}, 3, 1},
+		{"an older attempt", []*corev1.Pod{pod("a", 1, "True", 20, 19), pod("a", 0, "False", 12, 5)}, 2, 3},
+		{"a new pod", []*corev1.Pod{pod("a", 3, "True", 20, 19), pod("b", 0, "False", 12, 5)}, 2, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &flapOrder{pods: map[string]*flapMarks{}}
+			for _, p := range tc.pods {
+				o.observe(p)
+			}
+			if seen, wrong := o.counts(); seen != tc.seen || wrong != tc.wrong {
+				t.Errorf("seen %d, out of order %d, want %d and %d: %v", seen, wrong, tc.seen, tc.wrong, o.wrongs())
+			}
+		})
+	}
+}
