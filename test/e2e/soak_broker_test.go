@@ -95,11 +95,11 @@ func soakBrokerFlapping(t *testing.T, sc soakScale, r *soakResult) {
 	rng.Shuffle(len(rounds), func(i, j int) { rounds[i], rounds[j] = rounds[j], rounds[i] })
 	port := brokerPort(t, s.broker)
 	var took []time.Duration
-	did, cut, long := 0, 0, 0
+	did, cut, long, exits := 0, 0, 0, 0
 	report := func() {
 		seen, bad := order.counts()
-		r.set("%d of %d broker restarts, %d of %d link cuts (%d past the keepalive); %d pods; %d statuses seen by the watch, %d out of order; converged %d times, median %v, max %v",
-			did, restarts, cut, cuts, long, len(all), seen, bad, len(took), flapMedian(took), slices.Max(append([]time.Duration{0}, took...)).Round(100*time.Millisecond))
+		r.set("%d of %d broker restarts, %d of %d link cuts (%d past the keepalive); %d pods, %d container restarts; %d statuses seen by the watch, %d out of order; converged %d times, median %v, max %v",
+			did, restarts, cut, cuts, long, len(all), exits, seen, bad, len(took), flapMedian(took), slices.Max(append([]time.Duration{0}, took...)).Round(100*time.Millisecond))
 	}
 	report()
 	notReady := false
@@ -156,6 +156,13 @@ func soakBrokerFlapping(t *testing.T, sc soakScale, r *soakResult) {
 		}
 		if apiRestarts(p) < 1 {
 			t.Errorf("%s: restart count %d in the API: the trial changed no restart count", name, apiRestarts(p))
+		}
+		exits += int(apiRestarts(p))
+	}
+	// The watch saw each pod change, or its check means nothing.
+	for _, name := range all {
+		if c := order.seenOf(name); c < 3 {
+			t.Errorf("the watch saw %d statuses of %s, want 3 or more", c, name)
 		}
 	}
 	report()
@@ -295,6 +302,7 @@ type flapOrder struct {
 type flapMarks struct {
 	uid    types.UID
 	status string
+	seen   int
 	high   map[string]int64
 }
 
@@ -377,6 +385,7 @@ func (o *flapOrder) observe(p *corev1.Pod) {
 		return
 	}
 	m.status = status
+	m.seen++
 	o.seen++
 	marks := flapStatusMarks(&p.Status)
 	keys := make([]string, 0, len(marks))
@@ -421,6 +430,16 @@ func (o *flapOrder) counts() (seen, wrong int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.seen, len(o.wrong)
+}
+
+// seenOf returns how many statuses of the pod name were seen.
+func (o *flapOrder) seenOf(name string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if m := o.pods[name]; m != nil {
+		return m.seen
+	}
+	return 0
 }
 
 // wrongs describes the values that went back, the first ten.
