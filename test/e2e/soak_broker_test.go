@@ -35,7 +35,8 @@ const (
 
 // soakBrokerFlapping is trial 6 of docs/soak.md: an MQTT node's broker
 // restarted and its link cut (every packet dropped, no FIN, no RST), in
-// random order, while its pods' statuses change on their own (containers
+// random order (a quarter of the cuts with a broker restart behind
+// them), while its pods' statuses change on their own (containers
 // that exit and are restarted, readiness probes that flip with the
 // clock) and by the test (a readiness flipped during each fault). After
 // each round (sampled at full scale) the API server must hold each pod's
@@ -95,11 +96,11 @@ func soakBrokerFlapping(t *testing.T, sc soakScale, r *soakResult) {
 	rng.Shuffle(len(rounds), func(i, j int) { rounds[i], rounds[j] = rounds[j], rounds[i] })
 	port := brokerPort(t, s.broker)
 	var took []time.Duration
-	did, cut, long, exits := 0, 0, 0, 0
+	did, cut, long, both, exits := 0, 0, 0, 0, 0
 	report := func() {
 		seen, bad := order.counts()
-		r.set("%d of %d broker restarts, %d of %d link cuts (%d past the keepalive); %d pods, %d container restarts; %d statuses seen by the watch, %d out of order; converged %d times, median %v, max %v",
-			did, restarts, cut, cuts, long, len(all), exits, seen, bad, len(took), flapMedian(took), slices.Max(append([]time.Duration{0}, took...)).Round(100*time.Millisecond))
+		r.set("%d of %d broker restarts, %d of %d link cuts (%d past the keepalive, %d with a restart behind); %d pods, %d container restarts; %d statuses seen by the watch, %d out of order; converged %d times, median %v, max %v",
+			did, restarts, cut, cuts, long, both, len(all), exits, seen, bad, len(took), flapMedian(took), slices.Max(append([]time.Duration{0}, took...)).Round(100*time.Millisecond))
 	}
 	report()
 	notReady := false
@@ -124,6 +125,15 @@ func soakBrokerFlapping(t *testing.T, sc soakScale, r *soakResult) {
 			}
 			restore := n.cutTCP(t, port)
 			setCtl(t, ctl, "ctl", notReady)
+			if rng.IntN(4) == 0 {
+				// The broker restarts behind the cut: the agent's
+				// connection is to a broker that is no more.
+				time.Sleep(d / 2)
+				s.broker.Stop(t)
+				s.broker.Start(t)
+				both++
+				d -= d / 2
+			}
 			time.Sleep(d)
 			restore()
 			cut++
