@@ -23,14 +23,14 @@ import (
 func init() { addSoakTrial(60, "BrokerFlapping", soakBrokerFlapping) }
 
 const (
-	// soakConvergeWithin bounds how long the API server may take to hold
+	// flapConvergeWithin bounds how long the API server may take to hold
 	// the agent's statuses once the link is stable: the agent's
 	// reconnect (three keepalives at most after a long cut) and the
 	// bridge's writes, on a busy machine.
-	soakConvergeWithin = 90 * time.Second
-	// soakMaxRestartPause is the longest the broker stays down in a
+	flapConvergeWithin = 90 * time.Second
+	// flapMaxPause is the longest the broker stays down in a
 	// restart.
-	soakMaxRestartPause = 5 * time.Second
+	flapMaxPause = 5 * time.Second
 )
 
 // soakBrokerFlapping is trial 6 of docs/soak.md: an MQTT node's broker
@@ -109,7 +109,7 @@ func soakBrokerFlapping(t *testing.T, sc soakScale, r *soakResult) {
 		// the API server after it.
 		notReady = !notReady
 		if restart {
-			pause := time.Duration(rng.Int64N(int64(soakMaxRestartPause)))
+			pause := time.Duration(rng.Int64N(int64(flapMaxPause)))
 			s.broker.Stop(t)
 			setCtl(t, ctl, "ctl", notReady)
 			time.Sleep(pause)
@@ -201,7 +201,7 @@ func flapConverge(t *testing.T, s *mqttSetup, names []string, since time.Time) t
 	}
 	var took time.Duration
 	leased := false
-	within(soakConvergeWithin).For(t, "the pods' statuses in the API as on the node, the node Ready and its Lease renewed", func() (bool, string) {
+	within(flapConvergeWithin).For(t, "the pods' statuses in the API as on the node, the node Ready and its Lease renewed", func() (bool, string) {
 		a1, err := s.node.status()
 		if err != nil {
 			return false, "agent status: " + err.Error()
