@@ -17,13 +17,13 @@ func init() { addSoakTrial(70, "Fuzz", soakFuzz) }
 
 // soakFuzz is trial 7 of docs/soak.md, its first half: every fuzz target
 // of the repository (every `func FuzzX(f *testing.F)` in a _test.go file)
-// run by `go test -fuzz` for SOAK_FUZZTIME each (quick 5s, full 1m), its
+// run by `go test -fuzz` for SOAK_FUZZTIME each (quick 3s, full 1m), its
 // seed corpus being the target's f.Add seeds and its testdata/fuzz/FuzzX
 // files. A failing input is written there by go test, and fails the
 // trial. With SOAK_KEEP_CORPUS=1 the inputs a run found interesting are
 // copied from go's fuzz cache into testdata/fuzz, to be committed.
 func soakFuzz(t *testing.T, sc soakScale, r *soakResult) {
-	each := sc.d(5*time.Second, time.Minute)
+	each := sc.d(3*time.Second, time.Minute)
 	if v := os.Getenv("SOAK_FUZZTIME"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
