@@ -67,7 +67,7 @@ func (r *soakResult) line() string {
 	if r.failed {
 		verdict = "FAIL"
 	}
-	return fmt.Sprintf("%-12s %s  %-7s %s", r.name, verdict, r.took.Round(time.Second), r.counts)
+	return fmt.Sprintf("%-14s %s  %-7s %s", r.name, verdict, r.took.Round(time.Second), r.counts)
 }
 
 // soakTrial is one trial of the suite: its place in the run (ten times
