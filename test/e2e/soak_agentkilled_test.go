@@ -20,7 +20,7 @@ import (
 func init() { addSoakTrial(10, "AgentKilled", soakAgentKilled) }
 
 // soakAgentKilled is trial 1 of docs/soak.md: the agent killed with
-// SIGKILL at random moments (30 quick, 200 full) while pods are added,
+// SIGKILL at random moments (60 quick, 200 full) while pods are added,
 // edited and removed, readiness probes flap and a Service comes, goes and
 // changes its port. After each kill the store opens (`outpost status`
 // reads it with no agent). At the end every desired pod runs exactly one
