@@ -703,11 +703,11 @@ func (b *Bridge) handle(m mqtt.Message) {
 	case t.Online:
 		n.setOnline(string(m.Payload) == mqtt.OnlineTrue, !m.Retained)
 	case t.Status == "node":
-		if err := n.nodeStatus(m.Payload); err != nil {
+		if err := n.nodeStatus(m.Payload, !m.Retained); err != nil {
 			b.reject(m.Topic, "invalid", err)
 		}
 	case t.Status == "pods":
-		if err := n.podStatus(t, m.Topic, m.Payload); err != nil {
+		if err := n.podStatus(t, m.Topic, m.Payload, !m.Retained); err != nil {
 			b.reject(m.Topic, "invalid", err)
 		} else {
 			b.mu.Lock()

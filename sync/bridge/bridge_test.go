@@ -187,14 +187,29 @@ func TestNodePodStatusIntoTheJournal(t *testing.T) {
 	body, _ := static.Marshal()
 	topic := mqtt.PodStatusTopic("pi-1", "default", "sensor-pi-1")
 	tp, _ := mqtt.ParseTopic(topic)
-	send := func(gen uint64, body []byte) error {
+	// send hands the node a status as the broker would: live, or a
+	// retained copy.
+	send := func(gen uint64, body []byte, live bool) error {
 		var payload []byte
 		if body != nil {
 			payload = mqtt.Envelope{Kind: "Pod", Generation: gen, Encoding: mqtt.EncodingProtobuf, Body: body}.Marshal()
 		}
-		return n.podStatus(tp, topic, payload)
+		return n.podStatus(tp, topic, payload, live)
 	}
-	if err := send(5, body); err != nil {
+	// journal returns the pod's journal entry and its status.
+	journal := func() (uint64, corev1.PodPhase) {
+		t.Helper()
+		es, _ := st.Pending(0, 0)
+		if len(es) != 1 {
+			t.Fatalf("journal %+v", es)
+		}
+		var p corev1.Pod
+		if err := p.Unmarshal(es[0].Value); err != nil {
+			t.Fatal(err)
+		}
+		return es[0].Seq, p.Status.Phase
+	}
+	if err := send(5, body, false); err != nil {
 		t.Fatal(err)
 	}
 	rec, ok, _ := st.Pods().Get("default", "sensor-pi-1")
@@ -209,50 +224,55 @@ func TestNodePodStatusIntoTheJournal(t *testing.T) {
 	if err := p.Unmarshal(es[0].Value); err != nil || p.Status.Phase != corev1.PodRunning || p.UID != static.UID || len(p.Spec.Containers) != 0 {
 		t.Fatalf("journal entry %+v, %v", p, err)
 	}
+	seq := es[0].Seq
 
 	older := static.DeepCopy()
 	older.Status.Phase = corev1.PodPending
 	ob, _ := older.Marshal()
-	if err := send(4, ob); err != nil {
-		t.Fatal(err)
+	// step sends a status and checks whether it was applied.
+	step := func(what string, gen uint64, body []byte, live, applied bool) {
+		t.Helper()
+		if err := send(gen, body, live); err != nil {
+			t.Fatal(err)
+		}
+		s, phase := journal()
+		if got := s != seq; got != applied {
+			t.Errorf("%s (generation %d, live %v): applied %v, want %v (phase now %s)", what, gen, live, got, applied, phase)
+		}
+		seq = s
 	}
-	es, _ = st.Pending(0, 0)
-	p.Unmarshal(es[0].Value)
-	if p.Status.Phase != corev1.PodRunning {
-		t.Errorf("an older status replaced the newer: %s", p.Status.Phase)
-	}
-
+	step("an older retained copy", 4, ob, false, false)
 	// The retained online flag again (the bridge subscribed anew): an
 	// older status, retained too, is still older.
 	n.setOnline(true, false)
-	if err := send(4, ob); err != nil {
-		t.Fatal(err)
-	}
-	es, _ = st.Pending(0, 0)
-	p.Unmarshal(es[0].Value)
-	if p.Status.Phase != corev1.PodRunning {
-		t.Errorf("after a retained online flag, an older status replaced the newer: %s", p.Status.Phase)
-	}
-	// A node whose store was made anew numbers its journal from 1 again:
-	// heard once it says, live, that it is online (each connection of
-	// it does).
-	n.setOnline(true, true)
-	if err := send(2, ob); err != nil {
-		t.Fatal(err)
-	}
-	es, _ = st.Pending(0, 0)
-	p.Unmarshal(es[0].Value)
-	if p.Status.Phase != corev1.PodPending {
-		t.Errorf("after the node came online again, its status with a lower generation was ignored: %s", p.Status.Phase)
-	}
+	step("an older retained copy after a retained online flag", 4, ob, false, false)
+	step("a newer status, live", 6, body, true, true)
+	step("an older status, live, within the same connection of the node", 4, ob, true, false)
+	step("the same status again, live", 6, body, true, false)
 
-	if err := send(0, nil); err != nil {
+	// The node connected again and said so, live; the bridge then
+	// subscribed anew (its own reconnect, after the broker queued the
+	// flag for its session), and the broker sent its retained copy of
+	// what was applied already: it is not written again.
+	n.setOnline(true, true)
+	step("the retained copy of the last applied, after a live online flag", 6, body, false, false)
+	// A node whose store was made anew numbers its journal from 1
+	// again: its first status of the topic on its new connection is
+	// heard, though its generation is lower; the next one must be newer.
+	step("the first live status since the node came online, renumbered", 2, ob, true, true)
+	if _, phase := journal(); phase != corev1.PodPending {
+		t.Errorf("after the node came online again, its status with a lower generation was ignored: %s", phase)
+	}
+	step("an older live status after it", 1, body, true, false)
+	step("a newer live status", 3, body, true, true)
+
+	if err := send(0, nil, true); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, _ := st.Pods().Get("default", "sensor-pi-1"); ok {
 		t.Error("the static pod stayed after its status was cleared")
 	}
-	if err := n.podStatus(tp, topic, []byte("garbage")); err == nil {
+	if err := n.podStatus(tp, topic, []byte("garbage"), true); err == nil {
 		t.Error("garbage accepted")
 	}
 }

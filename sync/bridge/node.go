@@ -41,8 +41,11 @@ type node struct {
 	facts    kube.NodeFacts
 	hasFacts chan struct{}
 	// gens are the generations of the statuses applied, by topic: an
-	// older one delivered late is ignored.
+	// older one delivered late is ignored (see fresh).
 	gens map[string]uint64
+	// liveSince are the topics heard live (not a retained copy) since
+	// the node last said, live, that it is online.
+	liveSince map[string]bool
 	// seal is the node's public seal key, from its status; its Secrets
 	// are held until it is known.
 	seal *mqtt.SealPublicKey
@@ -175,7 +178,7 @@ func (b *Bridge) ensureNode(name string) *node {
 		}
 	}
 	if h.status != nil {
-		if err := n.nodeStatus(h.status); err != nil {
+		if err := n.nodeStatus(h.status, false); err != nil {
 			b.log.Warn("node status heard before; waiting for the next", "node", name, "err", err)
 		}
 	}
@@ -187,7 +190,7 @@ func (b *Bridge) ensureNode(name string) *node {
 	h.pruneRecent(b.deps.Clock.Now())
 	for topic, r := range h.recent {
 		if t, err := mqtt.ParseTopic(topic); err == nil {
-			if err := n.podStatus(t, topic, r.payload); err != nil {
+			if err := n.podStatus(t, topic, r.payload, false); err != nil {
 				b.log.Warn("pod status heard before the node was served; dropped", "topic", topic, "err", err)
 			}
 		}
@@ -308,17 +311,16 @@ func (n *node) nodeFacts() kube.NodeFacts {
 //
 // A live true (not a retained copy, which the broker sends again at every
 // subscribe of the bridge) starts a new connection of the node, before
-// any status of it: generations order the statuses of one node's store,
-// so they are forgotten then, and a node whose store was made anew (its
-// journal numbering starts again) is heard at once. A retained true keeps
-// them, so the retained statuses the broker sends again after the
-// bridge's own reconnect are not written a second time.
+// any status of it: the first status of each topic it then sends live
+// is taken even if its generation is lower than the last applied, so a
+// node whose store was made anew (its journal numbering starts again) is
+// heard at once (fresh).
 func (n *node) setOnline(online, live bool) {
 	n.mu.Lock()
 	was := n.online
 	n.online = online
 	if online && live {
-		clear(n.gens)
+		clear(n.liveSince)
 	}
 	n.mu.Unlock()
 	if n.b.tunnel != nil {
@@ -336,20 +338,37 @@ func (n *node) setOnline(online, live bool) {
 	}
 }
 
-// fresh reports whether gen is newer than the last applied on topic, and
-// records it.
-func (n *node) fresh(topic string, gen uint64) bool {
+// fresh reports whether a status of topic with generation gen, heard
+// live or as a retained copy, is to be applied, and records it. A newer
+// one is. An older one is only when it is the first the node sent live
+// on topic since it last said, live, that it is online: a node sends a
+// topic's statuses in order (its journal keeps only the newest unsent
+// of each), so that is its store made anew. A retained copy no newer
+// than the last applied is one the broker sent again at a subscribe of
+// the bridge: after the bridge's own reconnect those come after what the
+// broker queued for its session, the node's live online flag among it,
+// and clearing the generations then wrote every pod's status again.
+func (n *node) fresh(topic string, gen uint64, live bool) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if gen <= n.gens[topic] {
-		return false
+	first := live && !n.liveSince[topic]
+	if live {
+		if n.liveSince == nil {
+			n.liveSince = map[string]bool{}
+		}
+		n.liveSince[topic] = true
 	}
-	n.gens[topic] = gen
-	return true
+	last := n.gens[topic]
+	if gen > last || first && gen < last {
+		n.gens[topic] = gen
+		return true
+	}
+	return false
 }
 
-// nodeStatus takes the node's published status as its facts.
-func (n *node) nodeStatus(payload []byte) error {
+// nodeStatus takes the node's published status as its facts; live says
+// it was not a retained copy.
+func (n *node) nodeStatus(payload []byte, live bool) error {
 	if len(payload) == 0 {
 		return nil
 	}
@@ -360,7 +379,7 @@ func (n *node) nodeStatus(payload []byte) error {
 	if e.Kind != "Node" || e.Encoding != mqtt.EncodingProtobuf {
 		return fmt.Errorf("envelope kind %s encoding %s, want Node protobuf", e.Kind, e.Encoding)
 	}
-	if !n.fresh(mqtt.NodeStatusTopic(n.name), e.Generation) {
+	if !n.fresh(mqtt.NodeStatusTopic(n.name), e.Generation, live) {
 		return nil
 	}
 	var obj corev1.Node
@@ -407,8 +426,8 @@ func (n *node) nodeStatus(payload []byte) error {
 // sync/kube's status sink. A static pod's status comes with its spec: the
 // pod goes into the store as a static pod, for its mirror pod. An empty
 // payload (the node cleared the topic: the pod is gone) removes a static
-// pod.
-func (n *node) podStatus(t mqtt.Topic, topic string, payload []byte) error {
+// pod. live says it was not a retained copy.
+func (n *node) podStatus(t mqtt.Topic, topic string, payload []byte, live bool) error {
 	if n.st == nil {
 		return errors.New("node not started")
 	}
@@ -426,7 +445,7 @@ func (n *node) podStatus(t mqtt.Topic, topic string, payload []byte) error {
 	if e.Kind != "Pod" || e.Encoding != mqtt.EncodingProtobuf {
 		return fmt.Errorf("envelope kind %s encoding %s, want Pod protobuf", e.Kind, e.Encoding)
 	}
-	if !n.fresh(topic, e.Generation) {
+	if !n.fresh(topic, e.Generation, live) {
 		return nil
 	}
 	var p corev1.Pod

@@ -65,11 +65,16 @@ func (a *APIServer) PIDs() (apiserver, etcd int) {
 }
 
 // auditPolicy records every request at Metadata level, so tests can count
-// what a client wrote.
+// what a client wrote, and pod status writes with their body, so a test
+// that counts them can say what each one changed.
 const auditPolicy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+- level: Request
+  resources:
+  - group: ""
+    resources: ["pods/status"]
 - level: Metadata
 `
 
@@ -260,6 +265,11 @@ type AuditEvent struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
 	Stage string `json:"stage"`
+	// Received is when the API server got the request.
+	Received time.Time `json:"requestReceivedTimestamp"`
+	// RequestObject is the request's body, for the requests the policy
+	// records at Request level (pod status writes).
+	RequestObject json.RawMessage `json:"requestObject,omitempty"`
 }
 
 // AuditEvents returns the completed requests the audit log holds so far
