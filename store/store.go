@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -92,6 +93,9 @@ type Store struct {
 	srcKeys map[Kind]map[Source]map[string]struct{}
 
 	writes writeStats // commits and bytes written, for metrics
+
+	// unmappedAt is txCount after the last Unmap (unmap_linux.go).
+	unmappedAt atomic.Int64
 
 	healthMu sync.Mutex
 	writeErr error // the newest failed commit's, nil after one succeeds

@@ -80,4 +80,32 @@ func TestUnmapDropsTheMappedPages(t *testing.T) {
 	if err != nil || len(list) != 1024 || list[0].Object.Annotations["note"] != big {
 		t.Fatalf("after Unmap: %d pods, %v", len(list), err)
 	}
+
+	// Read again, the pages are mapped again and dropped again.
+	before = rssFileKiB(t)
+	if err := s.Unmap(); err != nil {
+		t.Fatal(err)
+	}
+	if after := rssFileKiB(t); before-after < 3<<10 {
+		t.Errorf("a second Unmap after reading: RssFile went from %d to %d kB, want it 3 MiB lower at least", before, after)
+	}
+	// Nothing used since: Unmap begins no transaction of its own.
+	used := s.txCount()
+	if err := s.Unmap(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.txCount(); got != used {
+		t.Errorf("Unmap of a store unused since the last: %d transactions, then %d", used, got)
+	}
+	// A write maps pages too (bbolt reads the tree through the mapping).
+	if err := s.Pods().Put(SourceAPI, pod("default", "after", "busybox")); err != nil {
+		t.Fatal(err)
+	}
+	used = s.txCount()
+	if err := s.Unmap(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.txCount(); got == used {
+		t.Error("Unmap after a write skipped the store")
+	}
 }

@@ -3,7 +3,9 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -63,7 +65,7 @@ func testBridge(t *testing.T) (*Bridge, *store.Store, *clocktest.Fake) {
 	clk := clocktest.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 	b := &Bridge{
 		cfg: Config{RequestTimeout: time.Second, MaxMessageBytes: 1 << 20}, deps: Deps{Clock: clk}, log: slog.New(slog.DiscardHandler),
-		nodes: map[string]*node{}, changed: make(chan struct{}), retained: map[string]mqtt.Index{}, fetches: map[string]chan<- mqtt.Message{},
+		nodes: map[string]*node{}, changed: make(chan struct{}), retained: map[string]heldIndex{}, fetches: map[string]chan<- mqtt.Message{},
 		held: map[int]bool{}, heard: map[string]*heard{},
 	}
 	return b, st, clk
@@ -127,7 +129,7 @@ func TestPublisherSendsOnlyWhatDiffersFromTheBrokersIndex(t *testing.T) {
 	first := x
 
 	// A restarted bridge that read the same index back publishes nothing.
-	b.retained = map[string]mqtt.Index{index: first}
+	b.retained = map[string]heldIndex{index: holdIndex(first, mqtt.ScopeNode)}
 	if err := pub.pass(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +182,7 @@ func TestPublisherSendsOnlyWhatDiffersFromTheBrokersIndex(t *testing.T) {
 // static pod.
 func TestNodePodStatusIntoTheJournal(t *testing.T) {
 	b, st, _ := testBridge(t)
-	n := &node{b: b, name: "pi-1", st: st, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+	n := &node{b: b, name: "pi-1", st: st, hasFacts: make(chan struct{})}
 	static := bridgePod("sensor-pi-1", "busybox")
 	static.Annotations = map[string]string{"kubernetes.io/config.source": "file"}
 	static.Status = corev1.PodStatus{Phase: corev1.PodRunning}
@@ -266,6 +268,10 @@ func TestNodePodStatusIntoTheJournal(t *testing.T) {
 	step("an older live status after it", 1, body, true, false)
 	step("a newer live status", 3, body, true, true)
 
+	if err := send(1<<63, body, true); err == nil {
+		t.Error("a generation of 2^63 accepted")
+	}
+
 	if err := send(0, nil, true); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +333,7 @@ func TestSigningPublisher(t *testing.T) {
 	signedIndex := got[2].payload
 
 	// The bridge restarted: its own index read back, nothing to send.
-	b.retained = map[string]mqtt.Index{}
+	b.retained = map[string]heldIndex{}
 	b.noteIndex(mustTopic(t, index), signedIndex)
 	if err := pub.pass(ctx, conn); err != nil {
 		t.Fatal(err)
@@ -361,7 +367,7 @@ func TestSigningPublisher(t *testing.T) {
 	e, _ := mqtt.UnmarshalEnvelope(signedIndex)
 	x, _ := mqtt.ParseIndex(e, mqtt.ScopeNode)
 	forged.Hashes["pods/default/a"] = x.Hashes["pods/default/a"]
-	b.retained = map[string]mqtt.Index{}
+	b.retained = map[string]heldIndex{}
 	b.noteIndex(mustTopic(t, index), mqtt.NewSigner(other).Seal(index, forged.Envelope()))
 	clk.Advance(time.Second)
 	if err := pub.pass(ctx, conn); err != nil {
@@ -401,5 +407,31 @@ func TestShardOf(t *testing.T) {
 		if c < 60 || c > 140 {
 			t.Errorf("shard %d has %d of 800 nodes: %v", s, c, count)
 		}
+	}
+}
+
+// topicKey is hash/fnv's 64-bit FNV-1a.
+func TestTopicKeyIsFNV1a(t *testing.T) {
+	for _, topic := range []string{"", "outpost/v1/nodes/pi-1/status/pods/default/web", "outpost/v1/nodes/pi-1/status/node"} {
+		h := fnv.New64a()
+		h.Write([]byte(topic))
+		if got, want := topicKey(topic), h.Sum64(); got != want {
+			t.Errorf("topicKey(%q) = %x, want %x", topic, got, want)
+		}
+	}
+}
+
+// An index kept as its body reads back as it was, an index without
+// hashes (not signed with the bridge's key) without them.
+func TestHeldIndexReadsBack(t *testing.T) {
+	x := mqtt.Index{Generation: 42, Entries: map[string]uint64{"pods/default/a": 5, "configmaps/default/c": 7},
+		Hashes: map[string]string{"pods/default/a": "0123456789abcdef"}}
+	got := holdIndex(x, mqtt.ScopeNode).index()
+	if got.Generation != 42 || !maps.Equal(got.Entries, x.Entries) || !maps.Equal(got.Hashes, x.Hashes) || got.Hashes == nil {
+		t.Errorf("read back %+v, want %+v", got, x)
+	}
+	x.Hashes = nil
+	if got := holdIndex(x, mqtt.ScopeNode).index(); got.Hashes != nil || !maps.Equal(got.Entries, x.Entries) {
+		t.Errorf("without hashes read back %+v", got)
 	}
 }

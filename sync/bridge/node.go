@@ -40,12 +40,11 @@ type node struct {
 	// says it did, and the Node is registered only then.
 	facts    kube.NodeFacts
 	hasFacts chan struct{}
-	// gens are the generations of the statuses applied, by topic: an
-	// older one delivered late is ignored (see fresh).
-	gens map[string]uint64
-	// liveSince are the topics heard live (not a retained copy) since
-	// the node last said, live, that it is online.
-	liveSince map[string]bool
+	// gens are the generations of the statuses applied, by the hash of
+	// their topic (topicKey), with heardLive set once the node sent the
+	// topic live since it last said, live, that it is online: an older
+	// one delivered late is ignored (fresh).
+	gens map[uint64]uint64
 	// seal is the node's public seal key, from its status; its Secrets
 	// are held until it is known.
 	seal *mqtt.SealPublicKey
@@ -169,7 +168,7 @@ func (b *Bridge) ensureNode(name string) *node {
 	n, err := b.newNode(name)
 	if err != nil {
 		b.log.Error("start mqtt node", "node", name, "err", err)
-		return &node{b: b, name: name, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+		return &node{b: b, name: name, hasFacts: make(chan struct{})}
 	}
 	b.nodes[name] = n
 	if b.cfg.Kubelet.enabled() {
@@ -227,7 +226,7 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &node{b: b, name: name, st: st, hasFacts: make(chan struct{}), gens: map[string]uint64{}}
+	n := &node{b: b, name: name, st: st, hasFacts: make(chan struct{})}
 	log := b.log.With("node", name)
 	// The pods come from the bridge's PodsFeed (one watch for all the
 	// nodes); this Syncer watches the config maps and secrets they use.
@@ -320,7 +319,9 @@ func (n *node) setOnline(online, live bool) {
 	was := n.online
 	n.online = online
 	if online && live {
-		clear(n.liveSince)
+		for k, g := range n.gens {
+			n.gens[k] = g &^ heardLive
+		}
 	}
 	n.mu.Unlock()
 	if n.b.tunnel != nil {
@@ -348,22 +349,47 @@ func (n *node) setOnline(online, live bool) {
 // the bridge: after the bridge's own reconnect those come after what the
 // broker queued for its session, the node's live online flag among it,
 // and clearing the generations then wrote every pod's status again.
-func (n *node) fresh(topic string, gen uint64, live bool) bool {
+func (n *node) fresh(topic string, gen uint64, live bool) (bool, error) {
+	if gen&heardLive != 0 {
+		return false, fmt.Errorf("generation %d: not below 2^63", gen)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	first := live && !n.liveSince[topic]
+	if n.gens == nil {
+		n.gens = map[uint64]uint64{}
+	}
+	k := topicKey(topic)
+	g := n.gens[k]
+	last, first := g&^heardLive, live && g&heardLive == 0
 	if live {
-		if n.liveSince == nil {
-			n.liveSince = map[string]bool{}
-		}
-		n.liveSince[topic] = true
+		n.gens[k] = last | heardLive
 	}
-	last := n.gens[topic]
 	if gen > last || first && gen < last {
-		n.gens[topic] = gen
-		return true
+		if live {
+			gen |= heardLive
+		}
+		n.gens[k] = gen
+		return true, nil
 	}
-	return false
+	return false, nil
+}
+
+// heardLive marks a generation in node.gens: a journal's sequence
+// numbers stay below it.
+const heardLive = 1 << 63
+
+// topicKey is the key of a status topic in node.gens: its 64-bit FNV-1a
+// hash. A bridge keeps a generation for every pod of thousands of nodes;
+// the topics' strings, each kept from a message, took more than the rest
+// of it, and two of a node's few dozen topics share a hash with a
+// chance near 2^-55.
+func topicKey(topic string) uint64 {
+	h := uint64(14695981039346656037) // FNV-1a, as hash/fnv's, without its allocations
+	for i := range len(topic) {
+		h ^= uint64(topic[i])
+		h *= 1099511628211
+	}
+	return h
 }
 
 // nodeStatus takes the node's published status as its facts; live says
@@ -379,8 +405,8 @@ func (n *node) nodeStatus(payload []byte, live bool) error {
 	if e.Kind != "Node" || e.Encoding != mqtt.EncodingProtobuf {
 		return fmt.Errorf("envelope kind %s encoding %s, want Node protobuf", e.Kind, e.Encoding)
 	}
-	if !n.fresh(mqtt.NodeStatusTopic(n.name), e.Generation, live) {
-		return nil
+	if ok, err := n.fresh(mqtt.NodeStatusTopic(n.name), e.Generation, live); !ok {
+		return err
 	}
 	var obj corev1.Node
 	if err := obj.Unmarshal(e.Body); err != nil {
@@ -445,8 +471,8 @@ func (n *node) podStatus(t mqtt.Topic, topic string, payload []byte, live bool) 
 	if e.Kind != "Pod" || e.Encoding != mqtt.EncodingProtobuf {
 		return fmt.Errorf("envelope kind %s encoding %s, want Pod protobuf", e.Kind, e.Encoding)
 	}
-	if !n.fresh(topic, e.Generation, live) {
-		return nil
+	if ok, err := n.fresh(topic, e.Generation, live); !ok {
+		return err
 	}
 	var p corev1.Pod
 	if err := p.Unmarshal(e.Body); err != nil {

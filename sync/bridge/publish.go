@@ -274,7 +274,7 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 		return err
 	}
 	p.b.countPublished()
-	p.b.setRetained(topic, next)
+	p.b.setRetained(topic, next, p.scope)
 	return nil
 }
 
