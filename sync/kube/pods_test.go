@@ -758,32 +758,17 @@ func TestPodsWatchGoneAtStartRelists(t *testing.T) {
 // before, the syncer retried the same version forever and kept the pods
 // the new server does not have.
 func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
-	var mu sync.Mutex
-	var reqs []string
-	watching := make(chan string, 4)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		mu.Lock()
-		reqs = append(reqs, r.URL.Path+" watch="+q.Get("watch")+" rv="+q.Get("resourceVersion"))
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		switch {
-		case r.URL.Path != "/api/v1/pods":
-			w.WriteHeader(http.StatusNotFound)
-		case q.Get("watch") == "true" && q.Get("resourceVersion") == "5000":
-			w.WriteHeader(http.StatusGatewayTimeout)
-			io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Timeout: Too large resource version: 5000, current: 9","reason":"Timeout","details":{"causes":[{"reason":"ResourceVersionTooLarge","message":"Too large resource version"}],"retryAfterSeconds":1},"code":504}`)
-		case q.Get("watch") == "true":
-			w.WriteHeader(http.StatusOK)
-			w.(http.Flusher).Flush() // the watch is open
-			watching <- q.Get("resourceVersion")
-			<-r.Context().Done() // a quiet watch, until it is stopped
-		default:
-			io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[
-				{"metadata":{"name":"real","namespace":"default","uid":"real-uid","resourceVersion":"8"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`)
+	api := pwStartFakeAPI(t, func(w http.ResponseWriter, rv string) bool {
+		if rv != "5000" {
+			return false
 		}
-	}))
-	t.Cleanup(srv.Close)
+		w.WriteHeader(http.StatusGatewayTimeout)
+		io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Timeout: Too large resource version: 5000, current: 9","reason":"Timeout","details":{"causes":[{"reason":"ResourceVersionTooLarge","message":"Too large resource version"}],"retryAfterSeconds":1},"code":504}`)
+		return true
+	}, func(int) string {
+		return `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[
+			{"metadata":{"name":"real","namespace":"default","uid":"real-uid","resourceVersion":"8"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`
+	})
 	st := pwStore(t, "n1")
 	ghost := pwPod("ghost", "g1", "n1")
 	ghost.ResourceVersion = ""
@@ -793,29 +778,8 @@ func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
 	if err := st.SetResumeVersion(podsResource, "5000"); err != nil {
 		t.Fatal(err)
 	}
-	client, err := NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{NodeName: "n1"}, Deps{Client: client, Store: st, Clock: clocktest.New(time.Unix(0, 0)), Log: pwLog(t, nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := pwRun(t, s)
-	giveUp := time.NewTimer(10 * time.Second) // a safety net, not a wait
-	defer giveUp.Stop()
-	watchFrom := func(want string) {
-		t.Helper()
-		select {
-		case rv := <-watching:
-			if rv != want {
-				t.Fatalf("watch from %q, want %q", rv, want)
-			}
-		case <-giveUp.C:
-			t.Fatalf("no watch from %q", want)
-		}
-	}
-	watchFrom("10")
+	stop := pwRun(t, api.syncer(t, st))
+	api.watchFrom(t, "10")
 	if _, ok := pwStored(t, st, "ghost"); ok {
 		t.Fatal("ghost kept after the too-large version relisted")
 	}
@@ -824,12 +788,7 @@ func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
 	}
 
 	stop()
-	mu.Lock()
-	defer mu.Unlock()
-	want := []string{"/api/v1/pods watch=true rv=5000", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10"}
-	if !reflect.DeepEqual(reqs, want) {
-		t.Fatalf("requests %q, want %q", reqs, want)
-	}
+	api.wantRequests(t, "/api/v1/pods watch=true rv=5000", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10")
 }
 
 // Once the Node is found missing and created again (noteForgotten: an
@@ -839,67 +798,24 @@ func TestPodsWatchTooLargeVersionRelists(t *testing.T) {
 // leave the store. Before, the watch went on from where it was, and the
 // node kept running pods the API server had never heard of.
 func TestPodsOpenWatchRelistsWhenNodeForgotten(t *testing.T) {
-	var mu sync.Mutex
-	var reqs []string
-	lists := 0
-	watching := make(chan string, 4)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		mu.Lock()
-		reqs = append(reqs, r.URL.Path+" watch="+q.Get("watch")+" rv="+q.Get("resourceVersion"))
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		switch {
-		case r.URL.Path != "/api/v1/pods":
-			w.WriteHeader(http.StatusNotFound)
-		case q.Get("watch") == "true":
-			w.WriteHeader(http.StatusOK)
-			w.(http.Flusher).Flush() // the watch is open
-			watching <- q.Get("resourceVersion")
-			<-r.Context().Done() // a quiet watch, until it is stopped
-		default:
-			mu.Lock()
-			lists++
-			name, rv := "old", "10"
-			if lists > 1 {
-				name, rv = "fresh", "3"
-			}
-			mu.Unlock()
-			io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"`+rv+`"},"items":[
-				{"metadata":{"name":"`+name+`","namespace":"default","uid":"`+name+`-uid","resourceVersion":"2"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`)
+	api := pwStartFakeAPI(t, nil, func(lists int) string {
+		name, rv := "old", "10"
+		if lists > 1 {
+			name, rv = "fresh", "3"
 		}
-	}))
-	t.Cleanup(srv.Close)
+		return `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"` + rv + `"},"items":[
+			{"metadata":{"name":"` + name + `","namespace":"default","uid":"` + name + `-uid","resourceVersion":"2"},"spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox:1"}]}}]}`
+	})
 	st := pwStore(t, "n1")
-	client, err := NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{NodeName: "n1"}, Deps{Client: client, Store: st, Clock: clocktest.New(time.Unix(0, 0)), Log: pwLog(t, nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := api.syncer(t, st)
 	stop := pwRun(t, s)
-	giveUp := time.NewTimer(10 * time.Second) // a safety net, not a wait
-	defer giveUp.Stop()
-	watchFrom := func(want string) {
-		t.Helper()
-		select {
-		case rv := <-watching:
-			if rv != want {
-				t.Fatalf("watch from %q, want %q", rv, want)
-			}
-		case <-giveUp.C:
-			t.Fatalf("no watch from %q", want)
-		}
-	}
-	watchFrom("10")
+	api.watchFrom(t, "10")
 	if _, ok := pwStored(t, st, "old"); !ok {
 		t.Fatal("old not stored by the list")
 	}
 
 	s.noteForgotten()
-	watchFrom("3")
+	api.watchFrom(t, "3")
 	stop()
 	if _, ok := pwStored(t, st, "old"); ok {
 		t.Fatal("old kept after the relist of the forgotten node")
@@ -910,10 +826,92 @@ func TestPodsOpenWatchRelistsWhenNodeForgotten(t *testing.T) {
 	if rv := pwResumeVersion(t, st); rv != "3" {
 		t.Fatalf("resume version %q, want the new list's 3", rv)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	want := []string{"/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=3"}
-	if !reflect.DeepEqual(reqs, want) {
-		t.Fatalf("requests %q, want %q", reqs, want)
+	api.wantRequests(t, "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=10", "/api/v1/pods watch= rv=", "/api/v1/pods watch=true rv=3")
+}
+
+// pwFakeAPI is an HTTP server that answers the pods list and watch as the
+// API server would, for the tests of how the pods watch goes on: it
+// records each request ("PATH watch=W rv=RV").
+type pwFakeAPI struct {
+	client *Client
+	// watching says from which version each quiet watch was opened.
+	watching chan string
+	mu       sync.Mutex
+	reqs     []string
+	lists    int
+}
+
+// pwStartFakeAPI starts a pwFakeAPI. A watch is answered by watch when it
+// returns true (nil: never), else held open and quiet until it is
+// stopped; the nth list is answered with list(n)'s PodList.
+func pwStartFakeAPI(t *testing.T, watch func(w http.ResponseWriter, rv string) bool, list func(n int) string) *pwFakeAPI {
+	t.Helper()
+	a := &pwFakeAPI{watching: make(chan string, 4)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		a.mu.Lock()
+		a.reqs = append(a.reqs, r.URL.Path+" watch="+q.Get("watch")+" rv="+q.Get("resourceVersion"))
+		a.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path != "/api/v1/pods":
+			w.WriteHeader(http.StatusNotFound)
+		case q.Get("watch") == "true":
+			if watch != nil && watch(w, q.Get("resourceVersion")) {
+				return
+			}
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush() // the watch is open
+			a.watching <- q.Get("resourceVersion")
+			<-r.Context().Done() // a quiet watch, until it is stopped
+		default:
+			a.mu.Lock()
+			a.lists++
+			n := a.lists
+			a.mu.Unlock()
+			io.WriteString(w, list(n))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	client, err := NewClient(&rest.Config{Host: srv.URL}, "outpost-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.client = client
+	return a
+}
+
+// syncer is a Syncer of node n1 on st against the fake API server.
+func (a *pwFakeAPI) syncer(t *testing.T, st *store.Store) *Syncer {
+	t.Helper()
+	s, err := New(Config{NodeName: "n1"}, Deps{Client: a.client, Store: st, Clock: clocktest.New(time.Unix(0, 0)), Log: pwLog(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// watchFrom waits for the next quiet watch and checks its version.
+func (a *pwFakeAPI) watchFrom(t *testing.T, want string) {
+	t.Helper()
+	giveUp := time.NewTimer(10 * time.Second) // a safety net, not a wait
+	defer giveUp.Stop()
+	select {
+	case rv := <-a.watching:
+		if rv != want {
+			t.Fatalf("watch from %q, want %q", rv, want)
+		}
+	case <-giveUp.C:
+		t.Fatalf("no watch from %q", want)
+	}
+}
+
+// wantRequests checks the requests made so far.
+func (a *pwFakeAPI) wantRequests(t *testing.T, want ...string) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !reflect.DeepEqual(a.reqs, want) {
+		t.Fatalf("requests %q, want %q", a.reqs, want)
 	}
 }

@@ -80,6 +80,27 @@ func newAdmin(t testing.TB, api *env.APIServer) *admin {
 	return a
 }
 
+// nodeReady waits up to timeout for Node name to be Ready in the API
+// server, and returns it as it was then.
+func (a *admin) nodeReady(name string, timeout time.Duration) *corev1.Node {
+	a.t.Helper()
+	var n corev1.Node
+	within(timeout).For(a.t, "node "+name+" Ready in the API", func() (bool, string) {
+		ctx, cancel := a.ctx()
+		defer cancel()
+		if err := a.core.Get().Resource("nodes").Name(name).Do(ctx).Into(&n); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue, string(c.Status) + " " + c.Reason
+			}
+		}
+		return false, "no Ready condition"
+	})
+	return &n
+}
+
 func (a *admin) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
@@ -150,20 +171,7 @@ func TestKubeNodePodsMirrorDelete(t *testing.T) {
 	n.start()
 
 	// The Node registers and is Ready.
-	var node corev1.Node
-	within(60*time.Second).For(t, "a Ready node", func() (bool, string) {
-		ctx, cancel := adm.ctx()
-		defer cancel()
-		if err := adm.core.Get().Resource("nodes").Name(n.name).Do(ctx).Into(&node); err != nil {
-			return false, err.Error()
-		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, asJSON(node.Status.Conditions)
-	})
+	node := adm.nodeReady(n.name, 60*time.Second)
 	if node.Labels["kubernetes.io/hostname"] != n.name || node.Labels["kubernetes.io/os"] != "linux" {
 		t.Errorf("node labels = %v", node.Labels)
 	}
@@ -557,20 +565,7 @@ func TestKubeBootstrap(t *testing.T) {
 	go func() { api.SignNodeCSRs(ctx, t, time.Hour); close(signed) }()
 	defer func() { cancel(); <-signed }()
 	adm := newAdmin(t, api)
-	within(60*time.Second).For(t, "the node registered and Ready", func() (bool, string) {
-		c, cancel := adm.ctx()
-		defer cancel()
-		var node corev1.Node
-		if err := adm.core.Get().Resource("nodes").Name(n.name).Do(c).Into(&node); err != nil {
-			return false, err.Error()
-		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, asJSON(node.Status.Conditions)
-	})
+	adm.nodeReady(n.name, 60*time.Second)
 	s := mustStatus(t, n)
 	if c := s.Agent.Link.Certificate; c == nil || c.Phase != "valid" || c.Subject != "system:node:"+n.name && !strings.Contains(c.Subject, "system:node:"+n.name) {
 		t.Errorf("certificate state = %s", asJSON(c))

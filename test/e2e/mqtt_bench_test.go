@@ -411,20 +411,8 @@ func mbLinkWithAddr(t testing.TB, ip string) string {
 
 // nodeReady waits for Node name to be Ready in the API server.
 func (s *mqttBench) nodeReady(name string, timeout time.Duration) {
-	within(timeout).For(s.b, "node "+name+" Ready in the API", func() (bool, string) {
-		var n corev1.Node
-		ctx, cancel := s.adm.ctx()
-		defer cancel()
-		if err := s.adm.core.Get().Resource("nodes").Name(name).Do(ctx).Into(&n); err != nil {
-			return false, err.Error()
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue, string(c.Status) + " " + c.Reason
-			}
-		}
-		return false, "no Ready condition"
-	})
+	s.b.Helper()
+	s.adm.nodeReady(name, timeout)
 }
 
 // nodeObject returns Node name as the API server holds it.

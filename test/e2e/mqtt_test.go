@@ -177,21 +177,7 @@ func (s *mqttSetup) killBridge() {
 // returns it.
 func (s *mqttSetup) nodeReady(timeout time.Duration) *corev1.Node {
 	s.t.Helper()
-	var n corev1.Node
-	within(timeout).For(s.t, "node "+s.node.name+" Ready in the API", func() (bool, string) {
-		ctx, cancel := s.adm.ctx()
-		defer cancel()
-		if err := s.adm.core.Get().Resource("nodes").Name(s.node.name).Do(ctx).Into(&n); err != nil {
-			return false, err.Error()
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue, string(c.Status) + " " + c.Reason
-			}
-		}
-		return false, "no Ready condition"
-	})
-	return &n
+	return s.adm.nodeReady(s.node.name, timeout)
 }
 
 // apiPodRunning waits for the pod in the API to be Running and Ready

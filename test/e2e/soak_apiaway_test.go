@@ -205,20 +205,7 @@ func soakAPIServerAway(t *testing.T, sc soakScale, r *soakResult) {
 	seen = len(api.AuditEvents(t))
 	api.Wipe(t)
 	adm = newAdmin(t, api)
-	var node corev1.Node
-	within(3*time.Minute).For(t, "the node registered again and Ready", func() (bool, string) {
-		ctx, cancel := adm.ctx()
-		defer cancel()
-		if err := adm.core.Get().Resource("nodes").Name(n.name).Do(ctx).Into(&node); err != nil {
-			return false, err.Error()
-		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, asJSON(node.Status.Conditions)
-	})
+	node := adm.nodeReady(n.name, 3*time.Minute) // registered again
 	if node.Labels[corev1.LabelHostname] != n.name || node.Labels[corev1.LabelOSStable] != "linux" {
 		t.Errorf("node labels after the wipe = %v", node.Labels)
 	}
