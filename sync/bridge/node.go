@@ -238,8 +238,11 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	}
 	labels := map[string]string{LabelTransport: "mqtt"}
 	maps.Copy(labels, b.cfg.Labels)
+	// Its Lease as listed when its shard was taken, if it was.
+	lease := b.leases[name]
+	delete(b.leases, name)
 	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst,
-		StatusAfterPodsListed: true, Offload: true, LeaseFirst: true},
+		StatusAfterPodsListed: true, Offload: true, LeaseFirst: true, Lease: lease},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log, NodeFacts: n.nodeFacts})
 	if err != nil {
 		st.Close()

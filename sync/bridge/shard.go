@@ -14,6 +14,8 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/outpost-edge/outpost/internal/clock"
 )
 
 // Replicas share the fleet (Config.Shards > 0).
@@ -28,8 +30,9 @@ import (
 // expired shards up to it and gives back those above it. A replica that
 // dies stops renewing; the others take its shards once their Leases
 // expire (LeaseDuration after the last renew, as they saw it), so its
-// nodes move within LeaseDuration and two renew intervals (one to see its
-// last renew, one to take the shard), 12 s. A replica that
+// nodes move within LeaseDuration and one observeEvery (to see its last
+// renew), 9 s: a replica reads the Leases every observeEvery and takes a
+// Lease at the moment it expires, not at its next round. A replica that
 // cannot renew stops serving its shards before the Lease could expire. A
 // shard is given back only after its nodes stopped, and taken only when
 // free or expired, so a node has at most one owner at a time. Shard 0's
@@ -42,6 +45,11 @@ const (
 	// LeaseDuration and RenewInterval are the shard and member Leases'.
 	LeaseDuration = 8 * time.Second
 	RenewInterval = 2 * time.Second
+	// observeEvery is how often a replica reads the Leases: another's
+	// last renew is seen at most this late, and its Leases taken as late
+	// after they expired. Read every RenewInterval, a dead replica's
+	// shards were taken 8.5–10.8 s after it died.
+	observeEvery = time.Second
 	// giveUp is how long after its last renew a replica stops serving a
 	// shard it could not renew: before anyone may take it.
 	giveUp = LeaseDuration - 3*time.Second
@@ -60,6 +68,8 @@ func ShardOf(name string, n int) int {
 type observed struct {
 	rv   string
 	seen time.Time
+	// other: another replica holds it.
+	other bool
 }
 
 // sharder runs the Leases of one replica; one goroutine (run) owns it.
@@ -74,6 +84,8 @@ type sharder struct {
 	held    map[int]*coordv1.Lease
 	renewed map[int]time.Time
 	member  *coordv1.Lease
+	// renewedAll is when the last round renewed what is held.
+	renewedAll time.Time
 }
 
 func newSharder(b *Bridge) *sharder {
@@ -81,24 +93,52 @@ func newSharder(b *Bridge) *sharder {
 		seen: map[string]observed{}, held: map[int]*coordv1.Lease{}, renewed: map[int]time.Time{}}
 }
 
-// run renews and balances every RenewInterval until ctx ends, then
-// gives back every shard it holds.
+// run reads the Leases every observeEvery, and when one another
+// replica holds expires, renews every RenewInterval and balances, until
+// ctx ends; then it gives back every shard it holds.
 func (s *sharder) run(ctx context.Context) {
-	t := s.b.deps.Clock.NewTicker(RenewInterval)
+	t := s.b.deps.Clock.NewTicker(observeEvery)
 	defer t.Stop()
 	for {
 		s.tick(ctx)
+		var expiry clock.Timer
+		var expired <-chan time.Time
+		if d, ok := s.nextExpiry(s.b.deps.Clock.Now()); ok && d < observeEvery {
+			expiry = s.b.deps.Clock.NewTimer(d)
+			expired = expiry.C()
+		}
 		select {
 		case <-ctx.Done():
 			s.releaseAll()
 			return
 		case <-t.C():
+		case <-expired:
+		}
+		if expiry != nil {
+			expiry.Stop()
 		}
 	}
 }
 
-// tick is one round: renew what is held, then read the Leases, give
-// back and take.
+// nextExpiry is how long until the first Lease another replica holds
+// expires as this one saw it; false when none will.
+func (s *sharder) nextExpiry(now time.Time) (time.Duration, bool) {
+	var first time.Duration
+	found := false
+	for _, o := range s.seen {
+		if !o.other {
+			continue
+		}
+		d := o.seen.Add(LeaseDuration).Sub(now)
+		if d > 0 && (!found || d < first) {
+			first, found = d, true
+		}
+	}
+	return first, found
+}
+
+// tick is one round: renew what is held when due (every RenewInterval),
+// then read the Leases, give back and take.
 //
 // The renewals come first and go at once, each from the Lease as this
 // replica last wrote it: they need no list, and one slow answer delays
@@ -107,7 +147,10 @@ func (s *sharder) run(ctx context.Context) {
 // row outlast giveUp, and a replica dropped shards it held.
 func (s *sharder) tick(ctx context.Context) {
 	now := s.b.deps.Clock.Now()
-	s.renewAll(ctx, now)
+	if now.Sub(s.renewedAll) >= RenewInterval {
+		s.renewAll(ctx, now)
+		s.renewedAll = now
+	}
 	s.expireHeld(now)
 	c := s.b.deps.Client.Coordination
 	var list coordv1.LeaseList
@@ -126,9 +169,12 @@ func (s *sharder) tick(ctx context.Context) {
 	for i := range list.Items {
 		l := &list.Items[i]
 		byName[l.Name] = l
-		if o, ok := s.seen[l.Name]; !ok || o.rv != l.ResourceVersion {
-			s.seen[l.Name] = observed{rv: l.ResourceVersion, seen: now}
+		o, ok := s.seen[l.Name]
+		if !ok || o.rv != l.ResourceVersion {
+			o = observed{rv: l.ResourceVersion, seen: now}
 		}
+		o.other = holder(l) != "" && holder(l) != s.id
+		s.seen[l.Name] = o
 	}
 	for name := range s.seen {
 		if byName[name] == nil {
@@ -207,6 +253,15 @@ func (s *sharder) tick(ctx context.Context) {
 		wg.Go(func() { taken[k] = s.write(ctx, byName[name], name, "shard") })
 	}
 	wg.Wait()
+	var got []int
+	for k, i := range want {
+		if taken[k] != nil {
+			got = append(got, i)
+		}
+	}
+	if len(got) > 0 {
+		s.b.listNodeLeases(ctx, got)
+	}
 	for k, i := range want {
 		if taken[k] == nil {
 			continue

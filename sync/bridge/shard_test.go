@@ -19,6 +19,7 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -271,5 +272,57 @@ func TestLostTakeIsTakenNextRound(t *testing.T) {
 	s.tick(t.Context())
 	if s.held[1] == nil || s.held[0] == nil {
 		t.Errorf("held %v a round after the lost answer; want both shards", slices.Sorted(maps.Keys(s.held)))
+	}
+}
+
+// A replica that reads another's Leases knows when each expires as it
+// saw it (nextExpiry, for run's timer), and takes it at that moment.
+func TestShardTakenWhenItExpires(t *testing.T) {
+	s, ls := shardTest(t, 2)
+	clk := s.b.deps.Clock.(*clocktest.Fake)
+	other := "bridge-b"
+	dur := int32(LeaseDuration / time.Second)
+	renewed := metav1.NewMicroTime(clk.Now())
+	ls.mu.Lock()
+	for _, name := range []string{shardPrefix + "0", shardPrefix + "1", memberPfx + other} {
+		kind := "shard"
+		if strings.HasPrefix(name, memberPfx) {
+			kind = "member"
+		}
+		ls.rv++
+		ls.leases[name] = &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "outpost-system", ResourceVersion: strconv.Itoa(ls.rv), Labels: map[string]string{leaseLabel: kind}},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: &other, LeaseDurationSeconds: &dur, RenewTime: &renewed},
+		}
+	}
+	ls.mu.Unlock()
+	holders := func() []string {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return []string{holder(ls.leases[shardPrefix+"0"]), holder(ls.leases[shardPrefix+"1"])}
+	}
+
+	s.tick(t.Context())
+	if d, ok := s.nextExpiry(clk.Now()); !ok || d != LeaseDuration {
+		t.Fatalf("next expiry %v %v just after seeing the Leases, want %v", d, ok, LeaseDuration)
+	}
+	// bridge-b renews nothing more (it died).
+	clk.Advance(300 * time.Millisecond)
+	s.tick(t.Context())
+	if d, ok := s.nextExpiry(clk.Now()); !ok || d != LeaseDuration-300*time.Millisecond {
+		t.Fatalf("next expiry %v %v, want %v", d, ok, LeaseDuration-300*time.Millisecond)
+	}
+	clk.Advance(LeaseDuration - 300*time.Millisecond - time.Millisecond)
+	s.tick(t.Context())
+	if h := holders(); h[0] != other || h[1] != other {
+		t.Fatalf("shards taken before they expired: holders %v", h)
+	}
+	clk.Advance(time.Millisecond)
+	s.tick(t.Context())
+	if h := holders(); h[0] != "bridge-a" || h[1] != "bridge-a" {
+		t.Fatalf("shards not taken when they expired: holders %v", h)
+	}
+	if _, ok := s.nextExpiry(clk.Now()); ok {
+		t.Error("a next expiry with no Lease held by another replica")
 	}
 }

@@ -41,6 +41,9 @@ import (
 // logged (once per kind of failure) and retried; it never stops Run.
 func (s *Syncer) runNode(ctx context.Context) {
 	n := &nodeLoop{s: s}
+	if s.cfg.Lease != nil {
+		n.lease, n.listed = keptLease(s.cfg.Lease.DeepCopy()), true
+	}
 	b := newReconnectBackoff()
 	for {
 		if s.waitPresent(ctx) != nil {
@@ -128,6 +131,8 @@ type nodeLoop struct {
 	// lease is the Lease as last written or read, the base of the next
 	// optimistic update; nil when it must be read first.
 	lease *coordv1.Lease
+	// listed: lease is Config.Lease, not yet renewed.
+	listed bool
 	// failure is the kind of the last failure logged, "" after a
 	// success, so a retry that fails the same way logs nothing.
 	failure string
@@ -145,7 +150,8 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 	// exists: it is what says the node is alive (its owner reference is
 	// kept as it is).
 	renewed := false
-	if n.lease == nil && n.s.cfg.LeaseFirst {
+	if (n.lease == nil || n.listed) && n.s.cfg.LeaseFirst {
+		n.listed = false
 		if err := n.s.writes.wait(ctx); err != nil {
 			return err
 		}

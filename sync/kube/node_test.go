@@ -1456,3 +1456,55 @@ func TestNodeLoopLeaseFirst(t *testing.T) {
 		t.Errorf("lease renewed at %v with owners %+v, want %v and %+v", lease.Spec.RenewTime, lease.OwnerReferences, later, owners)
 	}
 }
+
+// TestNodeLoopLeaseFirstFromListedLease: a Syncer given the node's Lease
+// as listed (Config.Lease: a bridge replica lists the Leases of the
+// nodes it takes over at once) renews it with no read before; a Lease
+// that changed since it was listed is read and renewed.
+func TestNodeLoopLeaseFirstFromListedLease(t *testing.T) {
+	api, rc := ndFakeAPI(t, "n1")
+	first, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
+	stop := ndRun(t, first.runNode)
+	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
+	stop()
+
+	for _, tc := range []struct {
+		name    string
+		changed bool
+		want    []string
+	}{
+		{"as listed", false, []string{
+			"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+			"GET /api/v1/nodes/n1 200",
+		}},
+		{"changed since", true, []string{
+			"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 409",
+			"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+			"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+			"GET /api/v1/nodes/n1 200",
+		}},
+	} {
+		api.mu.Lock()
+		listed := api.lease.DeepCopy()
+		from := len(api.requests)
+		api.mu.Unlock()
+		if tc.changed {
+			listed.ResourceVersion = "1" // older than the server's
+		}
+		later := ndEpoch.Add(30 * time.Second)
+		taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: listed}, newNDFacts(), &ndClock{Fake: clocktest.New(later)})
+		stop := ndRun(t, taker.runNode)
+		spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
+		stop()
+		got := api.log(from)
+		if len(got) < len(tc.want) || !slices.Equal(got[:len(tc.want)], tc.want) {
+			t.Errorf("%s: take-over requests\n got %q\nwant %q first", tc.name, got, tc.want)
+		}
+		api.mu.Lock()
+		renewed := api.lease.Spec.RenewTime.Time
+		api.mu.Unlock()
+		if !renewed.Equal(later) {
+			t.Errorf("%s: lease renewed at %v, want %v", tc.name, renewed, later)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -38,6 +39,11 @@ type Config struct {
 	// each connect: a bridge replica taking over a thousand nodes has
 	// each say it is alive after two requests rather than three.
 	LeaseFirst bool
+	// Lease is the node's Lease as someone else read it a moment ago (a
+	// bridge replica taking over nodes lists all their Leases at once):
+	// with LeaseFirst, the first connect renews it with no read before,
+	// and reads it only if it changed since.
+	Lease *coordv1.Lease
 	// Offload has each loop do its work (requests, store reads) on a
 	// goroutine of its own that ends with it, for a Syncer that is one of
 	// thousands in a process (the bridge's, per node): a loop's own
