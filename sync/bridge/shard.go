@@ -147,7 +147,9 @@ func (s *sharder) nextExpiry(now time.Time) (time.Duration, bool) {
 // row outlast giveUp, and a replica dropped shards it held.
 func (s *sharder) tick(ctx context.Context) {
 	now := s.b.deps.Clock.Now()
-	if now.Sub(s.renewedAll) >= RenewInterval {
+	// Due at every other tick: a tick that starts a little later than
+	// the one before must not put the renewal off by a whole tick.
+	if now.Sub(s.renewedAll) > RenewInterval-observeEvery/2 {
 		s.renewAll(ctx, now)
 		s.renewedAll = now
 	}

@@ -326,3 +326,31 @@ func TestShardTakenWhenItExpires(t *testing.T) {
 		t.Error("a next expiry with no Lease held by another replica")
 	}
 }
+
+// The held Leases are renewed at every other tick (a tick a second),
+// also when that tick starts a little earlier than two seconds after the
+// renewal before; not at the ticks between.
+func TestShardsRenewedEveryOtherTick(t *testing.T) {
+	s, ls := shardTest(t, 2)
+	clk := s.b.deps.Clock.(*clocktest.Fake)
+	s.tick(t.Context())
+	renewedAt := func() time.Time {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return ls.leases[shardPrefix+"0"].Spec.RenewTime.Time
+	}
+	if len(s.held) != 2 {
+		t.Fatalf("a lone replica holds %d of 2 shards", len(s.held))
+	}
+	first := renewedAt()
+	clk.Advance(observeEvery)
+	s.tick(t.Context())
+	if got := renewedAt(); !got.Equal(first) {
+		t.Errorf("renewed %v after the last renewal, at the tick between", got.Sub(first))
+	}
+	clk.Advance(RenewInterval - observeEvery - 100*time.Millisecond)
+	s.tick(t.Context())
+	if got := renewedAt(); !got.Equal(clk.Now()) {
+		t.Errorf("not renewed at the tick %v after the last renewal", clk.Now().Sub(first))
+	}
+}
