@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -812,7 +813,8 @@ func (b *Bridge) noteIndex(t mqtt.Topic, payload []byte) {
 		x.Hashes = nil
 		limit = uint64(b.deps.Clock.Now().Add(24 * time.Hour).UnixMilli())
 	}
-	b.retained[topic] = holdIndex(x, t.Scope)
+	// The body as it came: what ParseIndex just read.
+	b.retained[topic] = heldIndex{gen: x.Generation, scope: t.Scope, body: bytes.Clone(e.Body), noHashes: x.Hashes == nil}
 	for _, g := range append(slices.Collect(maps.Values(x.Entries)), x.Generation) {
 		if g > limit {
 			b.log.Warn("generation on the broker too far ahead of the clock; ignored", "topic", topic, "generation", g)
@@ -833,16 +835,15 @@ func (b *Bridge) retainedIndex(topic string) (mqtt.Index, bool) {
 	return h.index(), true
 }
 
-// setRetained records x, of scope, as the index the broker holds at
-// topic.
-func (b *Bridge) setRetained(topic string, x mqtt.Index, scope mqtt.Scope) {
-	h := holdIndex(x, scope)
+// setRetained records h as the index the broker holds at topic.
+func (b *Bridge) setRetained(topic string, h heldIndex) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.retained[topic] = h
 }
 
-// heldIndex is an index the broker holds, kept as its body and parsed
+// heldIndex is an index the broker holds, kept as its body (as
+// Index.Marshal made it, or as it came from the broker) and parsed
 // again when a publisher's pass needs it: a bridge keeps one for every
 // node, and parsed (two maps, keyed by substrings of the body) each took
 // two and a half times its body's memory, 8 MiB of the bridge's heap at
@@ -854,11 +855,6 @@ type heldIndex struct {
 	// noHashes: the index says nothing of what the objects were (it was
 	// not signed with the bridge's key), so every one is published again.
 	noHashes bool
-}
-
-// holdIndex keeps x, of scope, as a heldIndex.
-func holdIndex(x mqtt.Index, scope mqtt.Scope) heldIndex {
-	return heldIndex{gen: x.Generation, scope: scope, body: x.Marshal(), noHashes: x.Hashes == nil}
 }
 
 // index parses the index again. It parsed when it was kept, or was made

@@ -129,7 +129,7 @@ func TestPublisherSendsOnlyWhatDiffersFromTheBrokersIndex(t *testing.T) {
 	first := x
 
 	// A restarted bridge that read the same index back publishes nothing.
-	b.retained = map[string]heldIndex{index: holdIndex(first, mqtt.ScopeNode)}
+	b.retained = map[string]heldIndex{index: heldNodeIndex(first)}
 	if err := pub.pass(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
@@ -426,12 +426,18 @@ func TestTopicKeyIsFNV1a(t *testing.T) {
 func TestHeldIndexReadsBack(t *testing.T) {
 	x := mqtt.Index{Generation: 42, Entries: map[string]uint64{"pods/default/a": 5, "configmaps/default/c": 7},
 		Hashes: map[string]string{"pods/default/a": "0123456789abcdef"}}
-	got := holdIndex(x, mqtt.ScopeNode).index()
+	got := heldNodeIndex(x).index()
 	if got.Generation != 42 || !maps.Equal(got.Entries, x.Entries) || !maps.Equal(got.Hashes, x.Hashes) || got.Hashes == nil {
 		t.Errorf("read back %+v, want %+v", got, x)
 	}
 	x.Hashes = nil
-	if got := holdIndex(x, mqtt.ScopeNode).index(); got.Hashes != nil || !maps.Equal(got.Entries, x.Entries) {
+	if got := heldNodeIndex(x).index(); got.Hashes != nil || !maps.Equal(got.Entries, x.Entries) {
 		t.Errorf("without hashes read back %+v", got)
 	}
+}
+
+// heldNodeIndex is node index x as the bridge keeps what the broker
+// holds: its body as published.
+func heldNodeIndex(x mqtt.Index) heldIndex {
+	return heldIndex{gen: x.Generation, scope: mqtt.ScopeNode, body: x.Marshal(), noHashes: x.Hashes == nil}
 }

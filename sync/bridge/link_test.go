@@ -132,7 +132,7 @@ func TestNodesAreAwayWhileTheBridgeHasNoBroker(t *testing.T) {
 func TestPublisherDeletesNothingBeforeTheStoreIsListed(t *testing.T) {
 	b, st, clk := testBridge(t)
 	index := mqtt.NodeIndexTopic("pi-1")
-	b.retained[index] = holdIndex(mqtt.Index{Generation: 10, Entries: map[string]uint64{"pods/default/a": 5}, Hashes: map[string]string{"pods/default/a": "0123456789abcdef"}}, mqtt.ScopeNode)
+	b.retained[index] = heldNodeIndex(mqtt.Index{Generation: 10, Entries: map[string]uint64{"pods/default/a": 5}, Hashes: map[string]string{"pods/default/a": "0123456789abcdef"}})
 	conn := &recConn{done: make(chan struct{})}
 	b.conn, b.ready = conn, true
 	pub := &publisher{b: b, scope: mqtt.ScopeNode, node: "pi-1", st: st, wake: make(chan struct{}, 1)}

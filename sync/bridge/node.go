@@ -362,19 +362,17 @@ func (n *node) fresh(topic string, gen uint64, live bool) (bool, error) {
 		n.gens = map[uint64]uint64{}
 	}
 	k := topicKey(topic)
-	g := n.gens[k]
-	last, first := g&^heardLive, live && g&heardLive == 0
+	last, mark := n.gens[k]&^heardLive, n.gens[k]&heardLive
+	first := live && mark == 0
 	if live {
-		n.gens[k] = last | heardLive
+		mark = heardLive
 	}
-	if gen > last || first && gen < last {
-		if live {
-			gen |= heardLive
-		}
-		n.gens[k] = gen
-		return true, nil
+	ok := gen > last || first && gen < last
+	if ok {
+		last = gen
 	}
-	return false, nil
+	n.gens[k] = last | mark
+	return ok, nil
 }
 
 // heardLive marks a generation in node.gens: a journal's sequence

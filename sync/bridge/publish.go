@@ -267,14 +267,15 @@ func (p *publisher) pass(ctx context.Context, conn mqtt.Conn) error {
 		return nil
 	}
 	next.Generation = p.b.nextGen()
-	payload := p.b.seal(topic, next.Envelope())
+	env := next.Envelope()
+	payload := p.b.seal(topic, env)
 	if err := p.b.request(ctx, func(ctx context.Context) error {
 		return conn.Publish(ctx, topic, true, payload)
 	}); err != nil {
 		return err
 	}
 	p.b.countPublished()
-	p.b.setRetained(topic, next, p.scope)
+	p.b.setRetained(topic, heldIndex{gen: next.Generation, scope: p.scope, body: env.Body})
 	return nil
 }
 

@@ -115,7 +115,7 @@ func TestRestartedBridgeReadsTokensBackFromTheBroker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.retained = map[string]heldIndex{index: holdIndex(x, mqtt.ScopeNode)}
+		b.retained = map[string]heldIndex{index: heldNodeIndex(x)}
 	}
 	// restart is the bridge started again with key and an empty store
 	// holding the pod.
@@ -268,7 +268,7 @@ func TestSecretsHeldUntilTheNodeSealKey(t *testing.T) {
 	// A broker that holds the Secret from before keeps it.
 	x, _ := b.retainedIndex(index)
 	x.Entries[key], x.Hashes[key] = 7, "00000000000e0e11"
-	b.setRetained(index, x, mqtt.ScopeNode)
+	b.setRetained(index, heldNodeIndex(x))
 	if got := pass(); len(got) != 0 {
 		t.Fatalf("without the node's key published %v, want nothing", topics(got))
 	}

@@ -42,7 +42,9 @@ import (
 func (s *Syncer) runNode(ctx context.Context) {
 	n := &nodeLoop{s: s}
 	if s.cfg.Lease != nil {
-		n.lease, n.listed = keptLease(s.cfg.Lease.DeepCopy()), true
+		// Taken, not kept twice for the Syncer's life.
+		n.lease, n.listed = keptLease(s.cfg.Lease), true
+		s.cfg.Lease = nil
 	}
 	b := newReconnectBackoff()
 	for {

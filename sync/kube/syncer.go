@@ -42,7 +42,8 @@ type Config struct {
 	// Lease is the node's Lease as someone else read it a moment ago (a
 	// bridge replica taking over nodes lists all their Leases at once):
 	// with LeaseFirst, the first connect renews it with no read before,
-	// and reads it only if it changed since.
+	// and reads it only if it changed since. The Syncer takes it: the
+	// caller keeps no use of it.
 	Lease *coordv1.Lease
 	// Offload has each loop do its work (requests, store reads) on a
 	// goroutine of its own that ends with it, for a Syncer that is one of
