@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -137,7 +138,7 @@ type Bridge struct {
 	// leases are the Leases of the nodes of the shards just taken, as
 	// one list read them (listNodeLeases), each kept until its node
 	// starts from it or the shard's nodes all started.
-	leases map[string]*coordv1.Lease
+	leases map[string]*listedLease
 	// clusterStop stops the cluster publisher (shard 0's holder runs
 	// it); only the sharder's goroutine uses it.
 	clusterStop func()
@@ -151,6 +152,13 @@ type Bridge struct {
 	kubelet    *kubeletServer
 	ports      map[int]string
 	knownPorts map[string]int
+}
+
+// listedLease is a node's Lease as listNodeLeases read it, or as
+// renewTaken renewed it since (renewed).
+type listedLease struct {
+	lease   *coordv1.Lease
+	renewed bool
 }
 
 // Stats are the bridge's counters.
@@ -334,13 +342,19 @@ func (b *Bridge) owns(name string) bool {
 	return b.cfg.Shards <= 0 || b.held[ShardOf(name, b.cfg.Shards)]
 }
 
-// gainShard starts serving shard i: the nodes of it heard of on the
-// broker (from what was heard of them) and those the API server knows,
-// then reads what the broker retains of the nodes heard too little of;
-// shard 0 also runs the cluster publisher. The sharder's goroutine calls it.
-func (b *Bridge) gainShard(i int) {
+// gainShards starts serving shards (just taken): the nodes of them
+// heard of on the broker (from what was heard of them) and those the
+// API server knows, then reads what the broker retains of the nodes
+// heard too little of; shard 0 also runs the cluster publisher. Before
+// any of those nodes starts, the Leases of those online are renewed
+// (renewTaken). The sharder's goroutine calls it.
+func (b *Bridge) gainShards(shards []int) {
+	in := map[int]bool{}
 	b.mu.Lock()
-	b.held[i] = true
+	for _, i := range shards {
+		in[i] = true
+		b.held[i] = true
+	}
 	ctx := b.run
 	// The nodes heard of start at once, from what was heard of them;
 	// what the broker retains is read again only of those of which this
@@ -350,17 +364,20 @@ func (b *Bridge) gainShard(i int) {
 	// (max_queued_messages), which then dropped them and live statuses
 	// of other nodes alike; the pod statuses of the move are what was
 	// heard lately (heard.recent).
-	var names, unknown []string
+	var names, unknown, online []string
 	for name, h := range b.heard {
-		if ShardOf(name, b.cfg.Shards) == i {
+		if in[ShardOf(name, b.cfg.Shards)] {
 			names = append(names, name)
 			if h.status == nil || !h.known {
 				unknown = append(unknown, name)
 			}
+			if h.known && h.online && b.leases[name] != nil {
+				online = append(online, name)
+			}
 		}
 	}
 	b.mu.Unlock()
-	if i == 0 {
+	if in[0] {
 		cctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		b.wg.Go(func() {
@@ -369,21 +386,84 @@ func (b *Bridge) gainShard(i int) {
 		})
 		b.clusterStop = func() { cancel(); <-done }
 	}
-	b.wg.Go(func() { b.adoptNodes(ctx) })
-	if len(names) > 0 {
-		b.wg.Go(func() {
-			defer b.forgetLeases(i)
-			for _, name := range names {
-				if ctx.Err() != nil {
-					return
-				}
-				b.ensureNode(name)
+	b.wg.Go(func() {
+		defer b.forgetLeases(in)
+		b.renewTaken(ctx, online)
+		for _, name := range names {
+			if ctx.Err() != nil {
+				return
 			}
-			if len(unknown) > 0 {
-				b.reread(ctx, unknown)
+			b.ensureNode(name)
+		}
+		if len(unknown) > 0 {
+			b.wg.Go(func() { b.reread(ctx, unknown) })
+		}
+		b.adoptNodes(ctx)
+	})
+}
+
+// Renewing the Leases of the nodes taken over.
+const (
+	// takenRenewers is how many renewals go at once.
+	takenRenewers = 32
+	// takenRenewWait bounds them all: the nodes left start anyway, and
+	// each renews its own Lease.
+	takenRenewWait = 2 * RenewInterval
+)
+
+// renewTaken renews the listed Leases (listNodeLeases) of names, the
+// online nodes of the shards just taken, before any of them starts:
+// each node then starts from its Lease renewed (kube.Config.LeaseRenewed).
+// Started at once, a thousand nodes' Leases waited for their stores,
+// their publishers' first passes and their pods listed, and were all
+// renewed only 8 s after the shards were taken; their renewals alone,
+// with nothing else asked of the API server, take a second or two.
+func (b *Bridge) renewTaken(ctx context.Context, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	start := b.deps.Clock.Now()
+	rctx, cancel := context.WithTimeout(ctx, takenRenewWait)
+	defer cancel()
+	work := make(chan string)
+	var renewed, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range min(takenRenewers, len(names)) {
+		wg.Go(func() {
+			for name := range work {
+				b.mu.Lock()
+				l := b.leases[name]
+				ok := l != nil && !l.renewed && b.owns(name) && b.nodes[name] == nil
+				b.mu.Unlock()
+				if !ok {
+					continue
+				}
+				got, err := kube.RenewLease(rctx, b.deps.Client, l.lease, b.deps.Clock.Now())
+				if err != nil {
+					// Its node's Syncer renews it, read again on a
+					// conflict.
+					failed.Add(1)
+					continue
+				}
+				renewed.Add(1)
+				b.mu.Lock()
+				if b.leases[name] == l {
+					b.leases[name] = &listedLease{lease: got, renewed: true}
+				}
+				b.mu.Unlock()
 			}
 		})
 	}
+	for _, name := range names {
+		if rctx.Err() != nil {
+			break
+		}
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	b.log.Info("leases of the nodes taken renewed", "nodes", len(names), "renewed", renewed.Load(), "failed", failed.Load(),
+		"took", b.deps.Clock.Since(start).Round(time.Millisecond))
 }
 
 // listNodeLeases reads, with one list, the Leases of the nodes of shards
@@ -409,13 +489,13 @@ func (b *Bridge) listNodeLeases(ctx context.Context, shards []int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.leases == nil {
-		b.leases = map[string]*coordv1.Lease{}
+		b.leases = map[string]*listedLease{}
 	}
 	for i := range list.Items {
 		l := list.Items[i] // a copy: the list's array is not kept
 		if in[ShardOf(l.Name, b.cfg.Shards)] && b.nodes[l.Name] == nil {
 			l.ManagedFields = nil
-			b.leases[l.Name] = &l
+			b.leases[l.Name] = &listedLease{lease: &l}
 		}
 	}
 }
@@ -442,13 +522,13 @@ func (b *Bridge) loseShard(i int) {
 	}
 }
 
-// forgetLeases drops the listed Leases (listNodeLeases) of shard i's
-// nodes that none started from.
-func (b *Bridge) forgetLeases(i int) {
+// forgetLeases drops the listed Leases (listNodeLeases) of the nodes
+// of shards (in) that none started from.
+func (b *Bridge) forgetLeases(in map[int]bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for name := range b.leases {
-		if ShardOf(name, b.cfg.Shards) == i {
+		if in[ShardOf(name, b.cfg.Shards)] {
 			delete(b.leases, name)
 		}
 	}

@@ -2,18 +2,26 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/store"
+	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/sync/mqtt"
 )
 
@@ -228,7 +236,7 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 		t.Fatalf("a node of a shard not held was started: %v", b.nodes)
 	}
 
-	b.gainShard(shard)
+	b.gainShards([]int{shard})
 	var n *node
 	settle.Until(t, "the node started with its shard", func() bool {
 		b.mu.Lock()
@@ -267,7 +275,7 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 	if n := b.ensureNode(name); n != nil {
 		t.Fatal("a node of a shard given back was started")
 	}
-	b.gainShard(shard)
+	b.gainShards([]int{shard})
 	settle.Until(t, "the node started again with its shard", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -276,5 +284,125 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 	})
 	if n.isOnline() {
 		t.Error("a node was started online from a flag heard on a connection since lost")
+	}
+}
+
+// A replica that takes shards renews the Leases of their online nodes,
+// as it listed them, before it starts any of those nodes, and the nodes
+// then start from the Leases renewed: one write each. An offline node's
+// Lease is left to expire.
+func TestLeasesOfNodesTakenRenewedFirst(t *testing.T) {
+	b, _, _ := testBridge(t)
+	b.cfg.Shards, b.held, b.heard = 2, map[int]bool{}, map[string]*heard{}
+	// Three nodes of shard 1: two online, one offline.
+	var names []string
+	for i := 1; len(names) < 3; i++ {
+		if name := fmt.Sprintf("pi-%d", i); ShardOf(name, b.cfg.Shards) == 1 {
+			names = append(names, name)
+		}
+	}
+	online, offline := names[:2], names[2]
+	leasePath := "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+	var mu sync.Mutex
+	var requests []string
+	withAPI(t, b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := r.Method + " " + r.URL.Path
+		if name, ok := strings.CutPrefix(r.URL.Path, leasePath+"/"); ok {
+			b.mu.Lock()
+			req += fmt.Sprintf(" started=%t", b.nodes[name] != nil)
+			b.mu.Unlock()
+		}
+		mu.Lock()
+		requests = append(requests, req)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == leasePath:
+			list := coordv1.LeaseList{}
+			for _, n := range names {
+				list.Items = append(list.Items, coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "kube-node-lease", ResourceVersion: "5"}})
+			}
+			json.NewEncoder(w).Encode(&list)
+		case r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, leasePath+"/"):
+			var l coordv1.Lease
+			body, _ := io.ReadAll(r.Body)
+			if _, _, err := serializer.NewCodecFactory(kube.Scheme()).UniversalDeserializer().Decode(body, nil, &l); err != nil || l.ResourceVersion != "5" {
+				http.Error(w, fmt.Sprintf("rv %q: %v", l.ResourceVersion, err), http.StatusConflict)
+				return
+			}
+			l.ResourceVersion = "6"
+			json.NewEncoder(w).Encode(&l)
+		default:
+			http.Error(w, "not here", http.StatusServiceUnavailable)
+		}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	b.run = ctx
+	defer func() {
+		cancel()
+		b.wg.Wait()
+		for _, n := range b.nodes {
+			n.st.Close()
+		}
+	}()
+	for _, name := range names {
+		body, err := (&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}).Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := mqtt.Envelope{Kind: "Node", Generation: 1, Encoding: mqtt.EncodingProtobuf, Body: body}
+		b.handle(mqtt.Message{Topic: mqtt.NodeStatusTopic(name), Payload: e.Marshal(), Retained: true})
+		flag := mqtt.OnlineTrue
+		if name == offline {
+			flag = mqtt.OnlineFalse
+		}
+		b.handle(mqtt.Message{Topic: mqtt.OnlineTopic(name), Payload: []byte(flag), Retained: true})
+	}
+
+	b.listNodeLeases(ctx, []int{1})
+	b.gainShards([]int{1})
+	settle.Until(t, "the nodes started with their shard", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.nodes) == len(names)
+	})
+	// The online nodes' Syncers connect (their Node reads fail here);
+	// a Syncer that renewed its Lease at connect would have done so by
+	// then.
+	settle.Until(t, "the online nodes' Syncers reading their Nodes", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, r := range requests {
+			for _, name := range online {
+				if r == "GET /api/v1/nodes/"+name {
+					n++
+				}
+			}
+		}
+		return n == len(online)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range online {
+		var puts []string
+		for _, r := range requests {
+			if strings.HasPrefix(r, "PUT "+leasePath+"/"+name+" ") {
+				puts = append(puts, r)
+			}
+		}
+		if !slices.Equal(puts, []string{"PUT " + leasePath + "/" + name + " started=false"}) {
+			t.Errorf("lease of online node %s: %q, want one renewal before the node started", name, puts)
+		}
+	}
+	for _, r := range requests {
+		if strings.HasPrefix(r, "PUT "+leasePath+"/"+offline+" ") {
+			t.Errorf("the lease of offline node %s was renewed: %q", offline, r)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.leases) != 0 {
+		t.Errorf("listed leases kept after the nodes started: %v", slices.Collect(maps.Keys(b.leases)))
 	}
 }

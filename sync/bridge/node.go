@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -239,10 +240,14 @@ func (b *Bridge) newNode(name string) (*node, error) {
 	labels := map[string]string{LabelTransport: "mqtt"}
 	maps.Copy(labels, b.cfg.Labels)
 	// Its Lease as listed when its shard was taken, if it was.
-	lease := b.leases[name]
-	delete(b.leases, name)
+	var lease *coordv1.Lease
+	renewed := false
+	if l := b.leases[name]; l != nil {
+		lease, renewed = l.lease, l.renewed
+		delete(b.leases, name)
+	}
 	n.kube, err = kube.New(kube.Config{NodeName: name, Labels: labels, Loops: kube.LoopNode | kube.LoopStatus, WriteQPS: b.cfg.WriteQPS, WriteBurst: b.cfg.WriteBurst,
-		StatusAfterPodsListed: true, Offload: true, LeaseFirst: true, Lease: lease},
+		StatusAfterPodsListed: true, Offload: true, LeaseFirst: true, Lease: lease, LeaseRenewed: renewed},
 		kube.Deps{Client: b.deps.Client, Store: st, Clock: b.deps.Clock, Log: log, NodeFacts: n.nodeFacts})
 	if err != nil {
 		st.Close()

@@ -271,7 +271,9 @@ func (s *sharder) tick(ctx context.Context) {
 		s.wrote(taken[k])
 		s.held[i], s.renewed[i] = taken[k], now
 		s.b.log.Info("bridge shard taken", "shard", i, "replicas", live, "share", share)
-		s.b.gainShard(i)
+	}
+	if len(got) > 0 {
+		s.b.gainShards(got)
 	}
 }
 

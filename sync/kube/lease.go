@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // The node's Lease, kube-node-lease/NAME, renewed as kubelet's nodelease
@@ -101,22 +103,28 @@ func keptLease(l *coordv1.Lease) *coordv1.Lease {
 
 // desiredLease returns base (nil: a new Lease) renewed now: held by the
 // node for LeaseDuration, owned by the Node so that it goes with it.
-// Unlike kubelet, which sets the owner only while there is none, an
-// owner reference to a Node of another UID (deleted and registered
-// again) is replaced.
 func (n *nodeLoop) desiredLease(base *coordv1.Lease) *coordv1.Lease {
 	s := n.s
-	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: s.cfg.NodeName, Namespace: corev1.NamespaceNodeLease}}
+	return renewedLease(base, s.cfg.NodeName, s.cfg.LeaseDuration, s.deps.Clock.Now(), s.nodeUID())
+}
+
+// renewedLease returns base (nil: a new Lease) of node name renewed at
+// now for duration. Unlike kubelet, which sets the owner only while
+// there is none, an owner reference to a Node of another UID (deleted
+// and registered again) is replaced; with uid unknown (""), base's
+// owner references are kept as they are.
+func renewedLease(base *coordv1.Lease, name string, duration time.Duration, now time.Time, uid types.UID) *coordv1.Lease {
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: corev1.NamespaceNodeLease}}
 	if base != nil {
 		l = base.DeepCopy()
 	}
-	holder := s.cfg.NodeName
-	seconds := int32(max(1, s.cfg.LeaseDuration.Seconds()))
+	holder := name
+	seconds := int32(max(1, duration.Seconds()))
 	l.Spec.HolderIdentity = &holder
 	l.Spec.LeaseDurationSeconds = &seconds
-	l.Spec.RenewTime = &metav1.MicroTime{Time: s.deps.Clock.Now()}
-	if uid := s.nodeUID(); uid != "" {
-		owner := metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: s.cfg.NodeName, UID: uid}
+	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	if uid != "" {
+		owner := metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: name, UID: uid}
 		refs := []metav1.OwnerReference{owner}
 		for _, r := range l.OwnerReferences {
 			if r.APIVersion != "v1" || r.Kind != "Node" {
@@ -126,4 +134,20 @@ func (n *nodeLoop) desiredLease(base *coordv1.Lease) *coordv1.Lease {
 		l.OwnerReferences = refs
 	}
 	return l
+}
+
+// RenewLease renews a node's Lease l, as read a moment ago, at now
+// with the default duration a Syncer gives it: one update, no read and
+// no retry. It is for a bridge replica that takes over a thousand nodes
+// and renews their Leases before it starts them; each node's Syncer is
+// then given the Lease returned (Config.Lease, Config.LeaseRenewed).
+// A conflict is returned as it is: that node's Syncer reads its Lease.
+func RenewLease(ctx context.Context, c *Client, l *coordv1.Lease, now time.Time) (*coordv1.Lease, error) {
+	var got coordv1.Lease
+	err := c.Coordination.Put().Namespace(corev1.NamespaceNodeLease).Resource("leases").Name(l.Name).
+		Body(renewedLease(l, l.Name, defaultLeaseDuration, now, "")).Do(ctx).Into(&got)
+	if err != nil {
+		return nil, fmt.Errorf("renew lease %s/%s: %w", corev1.NamespaceNodeLease, l.Name, err)
+	}
+	return keptLease(&got), nil
 }

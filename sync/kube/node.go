@@ -152,7 +152,10 @@ func (n *nodeLoop) connect(ctx context.Context) error {
 	// exists: it is what says the node is alive (its owner reference is
 	// kept as it is).
 	renewed := false
-	if (n.lease == nil || n.listed) && n.s.cfg.LeaseFirst {
+	if n.listed && n.s.cfg.LeaseRenewed {
+		// Renewed by whoever listed it, a moment ago.
+		n.listed, renewed = false, true
+	} else if (n.lease == nil || n.listed) && n.s.cfg.LeaseFirst {
 		n.listed = false
 		if err := n.s.writes.wait(ctx); err != nil {
 			return err

@@ -1508,3 +1508,56 @@ func TestNodeLoopLeaseFirstFromListedLease(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeLoopFromRenewedLease(t *testing.T) {
+	api, rc := ndFakeAPI(t, "n1")
+	first, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
+	stop := ndRun(t, first.runNode)
+	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
+	stop()
+
+	api.mu.Lock()
+	listed := api.lease.DeepCopy()
+	from := len(api.requests)
+	api.mu.Unlock()
+	later := ndEpoch.Add(30 * time.Second)
+	client, err := NewClient(rc, "outpost-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := RenewLease(context.Background(), client, listed, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.RenewTime == nil || !got.Spec.RenewTime.Time.Equal(later) || *got.Spec.HolderIdentity != "n1" || *got.Spec.LeaseDurationSeconds != 40 {
+		t.Fatalf("renewed lease: %+v", got.Spec)
+	}
+	if len(got.OwnerReferences) != 1 || got.OwnerReferences[0].Kind != "Node" {
+		t.Errorf("renewed lease owners %v, want the Node's kept", got.OwnerReferences)
+	}
+	taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: got, LeaseRenewed: true}, newNDFacts(), &ndClock{Fake: clocktest.New(later.Add(time.Second))})
+	stop = ndRun(t, taker.runNode)
+	spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
+	stop()
+	want := []string{
+		"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
+		"GET /api/v1/nodes/n1 200",
+	}
+	log := api.log(from)
+	if len(log) < len(want) || !slices.Equal(log[:len(want)], want) {
+		t.Errorf("take-over requests\n got %q\nwant %q first", log, want)
+	}
+	for _, r := range log[len(want):] {
+		if strings.Contains(r, "/leases/") {
+			t.Errorf("the lease renewed a moment ago was written again at connect: %q", log)
+		}
+	}
+
+	// A renewal whose Lease changed since it was listed conflicts and
+	// says so; the node's Syncer reads it then.
+	stale := listed.DeepCopy()
+	stale.ResourceVersion = "1"
+	if _, err := RenewLease(context.Background(), client, stale, later); !apierrors.IsConflict(err) {
+		t.Errorf("renewal of a stale lease: %v, want a conflict", err)
+	}
+}

@@ -45,6 +45,9 @@ type Config struct {
 	// and reads it only if it changed since. The Syncer takes it: the
 	// caller keeps no use of it.
 	Lease *coordv1.Lease
+	// LeaseRenewed says Lease was renewed a moment ago (RenewLease),
+	// so the first connect does not renew it again.
+	LeaseRenewed bool
 	// Offload has each loop do its work (requests, store reads) on a
 	// goroutine of its own that ends with it, for a Syncer that is one of
 	// thousands in a process (the bridge's, per node): a loop's own
@@ -88,6 +91,10 @@ const (
 	LoopAll = LoopNode | LoopPods | LoopServices | LoopStatus
 )
 
+// defaultLeaseDuration is a node Lease's duration unless
+// Config.LeaseDuration says otherwise, as kubelet's.
+const defaultLeaseDuration = 40 * time.Second
+
 func (c *Config) setDefaults() {
 	if c.WriteQPS <= 0 {
 		c.WriteQPS = 20
@@ -96,7 +103,7 @@ func (c *Config) setDefaults() {
 		c.WriteBurst = 2 * int(c.WriteQPS)
 	}
 	if c.LeaseDuration <= 0 {
-		c.LeaseDuration = 40 * time.Second
+		c.LeaseDuration = defaultLeaseDuration
 	}
 	if c.RenewInterval <= 0 {
 		c.RenewInterval = 10 * time.Second
