@@ -30,9 +30,10 @@ import (
 // expired shards up to it and gives back those above it. A replica that
 // dies stops renewing; the others take its shards once their Leases
 // expire (LeaseDuration after the last renew, as they saw it), so its
-// nodes move within LeaseDuration and one observeEvery (to see its last
+// shards move within LeaseDuration and one observeEvery (to see its last
 // renew), 9 s: a replica reads the Leases every observeEvery and takes a
-// Lease at the moment it expires, not at its next round. A replica that
+// Lease at the moment it expires, not at its next round. The nodes'
+// Leases are renewed right after (gainShards, renewTaken). A replica that
 // cannot renew stops serving its shards before the Lease could expire. A
 // shard is given back only after its nodes stopped, and taken only when
 // free or expired, so a node has at most one owner at a time. Shard 0's
