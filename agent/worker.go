@@ -149,7 +149,7 @@ func (w *worker) run(ctx context.Context) {
 	}()
 	for {
 		start := w.m.clock.Now()
-		next, done := w.sync(ctx)
+		next, done := w.offloadSync(ctx)
 		w.m.metrics.observeSync(w.m.clock.Since(start))
 		if done {
 			return
@@ -166,6 +166,22 @@ func (w *worker) run(ctx context.Context) {
 		case <-timer.C():
 		}
 	}
+}
+
+// offloadSync runs sync on a goroutine of its own that ends with it,
+// while run waits: sync's calls to containerd (and the container spec
+// it builds) grow the stack they run on to tens of KiB, and the
+// goroutine of a worker, one for every pod, would keep that between its
+// syncs, a minute apart when the pod is steady. The worker's state is
+// still used by one goroutine at a time.
+func (w *worker) offloadSync(ctx context.Context) (next time.Duration, done bool) {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		next, done = w.sync(ctx)
+	}()
+	<-ch
+	return next, done
 }
 
 // sync moves the pod one step towards its desired state and returns when

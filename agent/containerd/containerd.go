@@ -591,8 +591,7 @@ func (r *Runtime) watchIO(id string, tio cio.IO, out, errOut *lockedStream, stdi
 	}
 	r.outputs[id] = o
 	r.mu.Unlock()
-	go func() {
-		tio.Wait()
+	ended := func() {
 		r.mu.Lock()
 		delete(r.stdin, id)
 		delete(r.outputs, id)
@@ -603,6 +602,14 @@ func (r *Runtime) watchIO(id string, tio cio.IO, out, errOut *lockedStream, stdi
 		r.mu.Lock()
 		delete(r.attached, id)
 		r.mu.Unlock()
+	}
+	if s, ok := tio.(*streams); ok {
+		s.whenDone(ended) // on the last copy's goroutine: none waits
+		return
+	}
+	go func() {
+		tio.Wait()
+		ended()
 	}()
 }
 

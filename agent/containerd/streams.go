@@ -24,6 +24,11 @@ const streamBufSize = 4 << 10
 type streams struct {
 	dio *cio.DirectIO
 	wg  sync.WaitGroup
+	// mu guards left, the copies still running, and then, what runs
+	// when the last one ends (whenDone).
+	mu   sync.Mutex
+	left int
+	then func()
 }
 
 // newStreams opens the FIFOs of fifos (stdin for writing, when it has
@@ -35,9 +40,20 @@ func newStreams(fifos *cio.FIFOSet, out, errOut io.Writer) (*streams, error) {
 		return nil, err
 	}
 	s := &streams{dio: dio}
-	s.copy(out, dio.Stdout)
-	if !fifos.Terminal {
-		s.copy(errOut, dio.Stderr)
+	type pipe struct {
+		w io.Writer
+		r io.ReadCloser
+	}
+	var copies []pipe
+	if dio.Stdout != nil {
+		copies = append(copies, pipe{out, dio.Stdout})
+	}
+	if dio.Stderr != nil && !fifos.Terminal {
+		copies = append(copies, pipe{errOut, dio.Stderr})
+	}
+	s.left = len(copies) // before any can end
+	for _, c := range copies {
+		s.copy(c.w, c.r)
 	}
 	return s, nil
 }
@@ -47,12 +63,9 @@ func newStreams(fifos *cio.FIFOSet, out, errOut io.Writer) (*streams, error) {
 func (s *streams) stdin() io.WriteCloser { return s.dio.Stdin }
 
 func (s *streams) copy(w io.Writer, r io.ReadCloser) {
-	if r == nil {
-		return
-	}
 	s.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer s.ended()
 		defer r.Close()
 		buf := make([]byte, streamBufSize)
 		for {
@@ -67,6 +80,36 @@ func (s *streams) copy(w io.Writer, r io.ReadCloser) {
 			}
 		}
 	}()
+}
+
+// ended is the end of one copy: after the last, what whenDone was given
+// runs, on that copy's goroutine.
+func (s *streams) ended() {
+	s.wg.Done()
+	s.mu.Lock()
+	s.left--
+	var then func()
+	if s.left <= 0 {
+		then, s.then = s.then, nil
+	}
+	s.mu.Unlock()
+	if then != nil {
+		then()
+	}
+}
+
+// whenDone runs f once the copies have ended (at once if they have), on
+// the goroutine of the last: a task's IO needs no goroutine of its own
+// to wait for its end.
+func (s *streams) whenDone(f func()) {
+	s.mu.Lock()
+	if s.left > 0 {
+		s.then = f
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	f()
 }
 
 // Config implements cio.IO.

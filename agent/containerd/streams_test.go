@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/cio"
 )
@@ -153,5 +154,44 @@ func TestStreamAttachReopensStdin(t *testing.T) {
 
 	if _, err := streamAttach(&out, &errOut)(nil); err == nil {
 		t.Fatal("attach to no FIFOs succeeded")
+	}
+}
+
+// whenDone runs what it is given once, after the last copy ended (not
+// after the first), or at once when they have all ended: a task's IO
+// needs no goroutine of its own waiting for its end.
+func TestStreamsWhenDone(t *testing.T) {
+	dir := t.TempDir()
+	var out, errOut bytes.Buffer
+	tio, err := streamCreator(dir, false, false, &out, &errOut)("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tio.Close()
+	s := tio.(*streams)
+	shim := openShimSide(t, tio.Config())
+	ran := make(chan struct{}, 2)
+	s.whenDone(func() { ran <- struct{}{} })
+	shim.out.WriteString("out\n")
+	shim.out.Close()
+	select {
+	case <-ran:
+		t.Fatal("ran when stdout ended, with stderr still copied")
+	case <-time.After(50 * time.Millisecond):
+	}
+	shim.err.Close()
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("did not run after both copies ended")
+	}
+	s.whenDone(func() { ran <- struct{}{} })
+	select {
+	case <-ran:
+	default:
+		t.Fatal("given after the copies ended, it did not run at once")
+	}
+	if len(ran) != 0 {
+		t.Fatal("ran twice")
 	}
 }

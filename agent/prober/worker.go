@@ -220,7 +220,7 @@ func (w *Worker) Run(ctx context.Context) {
 		} else if ctx.Err() != nil {
 			return
 		}
-		r, msg := Do(ctx, w.probe, w.target)
+		r, msg := offloadDo(ctx, w.probe, w.target)
 		if w.attempt != nil && ctx.Err() == nil {
 			w.attempt(r)
 		}
@@ -234,6 +234,23 @@ func (w *Worker) Run(ctx context.Context) {
 			next = next.Add((now.Sub(next)/w.period + 1) * w.period)
 		}
 	}
+}
+
+// offloadDo runs Do on a goroutine of its own that ends with it. A
+// probe's request grows the stack it runs on (an HTTP request, 8–16 KiB);
+// the worker's own goroutine, which waits out the period between
+// attempts, then keeps only the small stack of that wait. An agent has a
+// worker for every probe of every pod.
+func offloadDo(ctx context.Context, p *corev1.Probe, t Target) (Result, string) {
+	var r Result
+	var msg string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r, msg = Do(ctx, p, t)
+	}()
+	<-done
+	return r, msg
 }
 
 // jitterDelay returns a random part of one period.

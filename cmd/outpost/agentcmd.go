@@ -44,8 +44,13 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// agentGCPercent is the agent's GOGC unless the environment sets one.
-const agentGCPercent = 50
+// agentGCPercent is the agent's GOGC unless the environment sets one,
+// and agentIdleGCPercent its GOGC once the pods have been quiet for
+// trimQuiet (internal/memtrim.GC).
+const (
+	agentGCPercent     = 50
+	agentIdleGCPercent = 20
+)
 
 // trimQuiet is how long the desired pods go unchanged (after the agent's
 // start, or their last change) before the agent gives back the memory
@@ -64,11 +69,14 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := newLogger(cfg, stderr)
 	// On a board the heap's size matters more than the collector's CPU:
-	// the agent's live heap is a few MiB and it allocates slowly when
-	// idle, so collecting at 50 % growth instead of 100 % keeps RSS down
-	// for a negligible cost. GOGC in the environment still wins.
+	// the agent's live heap is a few MiB, so collecting at 50 % growth
+	// instead of 100 % keeps RSS down for a negligible cost, and at 20 %
+	// once the pods are quiet, when it allocates slowly. GOGC in the
+	// environment still wins, busy or idle.
+	var gc memtrim.GC
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(agentGCPercent)
+		gc = memtrim.GC{Busy: agentGCPercent, Idle: agentIdleGCPercent}
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
@@ -195,7 +203,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	// use goes back to the kernel once the pods have been quiet a while.
 	podChanges, unsubscribe := st.Subscribe(store.KindPod)
 	ps.onStop(unsubscribe)
-	ps.start(ctx, func(ctx context.Context) { memtrim.Run(ctx, podChanges, clk, trimQuiet, log, st) })
+	ps.start(ctx, func(ctx context.Context) { memtrim.Run(ctx, podChanges, clk, trimQuiet, log, gc, st) })
 	ps.start(ctx, func(ctx context.Context) { notifyServiceManager(ctx, a, clk, log) })
 	// The pods run in this goroutine; once they stop, the parts above
 	// stop in reverse order.

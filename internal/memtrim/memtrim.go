@@ -11,25 +11,49 @@ package memtrim
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/outpost-edge/outpost/internal/clock"
 )
 
+// GC is the collector's GOGC while the changes come (Busy) and once they
+// have quieted (Idle); zero leaves GOGC as it is. The heap the runtime
+// keeps between collections grows with GOGC, and at rest it is most of
+// the agent's memory: the scavenger keeps about the heap goal mapped, and
+// the goal is the live heap and GOGC percent of it and of the stacks.
+// Busy, the agent allocates fast and a low GOGC would cost it CPU while
+// pods start; idle, it allocates little, and a low GOGC costs next to
+// nothing.
+type GC struct {
+	Busy, Idle int
+}
+
 // Run trims once changes (a store subscription, say to pods) has been
 // quiet for quiet after its first value, and again after each later burst
-// of changes has quieted; it returns when ctx ends.
-func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet time.Duration, log *slog.Logger, files ...Unmapper) {
+// of changes has quieted, setting GOGC to gc.Idle before each trim and
+// back to gc.Busy at the first change after; it returns when ctx ends.
+func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet time.Duration, log *slog.Logger, gc GC, files ...Unmapper) {
 	timer := clk.NewTimer(quiet)
 	defer timer.Stop()
+	idle := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-changes:
+			if idle && gc.Busy > 0 {
+				debug.SetGCPercent(gc.Busy)
+			}
+			idle = false
 			timer.Reset(quiet)
 		case <-timer.C():
+			if !idle && gc.Idle > 0 {
+				debug.SetGCPercent(gc.Idle)
+			}
+			idle = true
 			n, err := Trim(files...)
 			if err != nil {
 				log.Debug("trim memory", "err", err)
@@ -53,6 +77,7 @@ type Unmapper interface {
 // its mapping cannot move (bbolt remaps a growing file), and advising
 // away a range that was remapped to something else would zero it.
 func Trim(files ...Unmapper) (int64, error) {
+	shedThreads()
 	n, err := unmapExecutable()
 	for _, f := range files {
 		if ferr := f.Unmap(); ferr != nil && err == nil {
@@ -61,4 +86,29 @@ func Trim(files ...Unmapper) (int64, error) {
 	}
 	debug.FreeOSMemory()
 	return n, err
+}
+
+// spareThreads is how many OS threads shedThreads leaves beyond
+// GOMAXPROCS: the runtime's own (sysmon, the template thread) and a few
+// for blocking system calls.
+const spareThreads = 4
+
+// shedThreads ends the OS threads the process has beyond GOMAXPROCS and
+// spareThreads. The Go runtime never ends a thread it made: a burst of
+// blocking system calls (thirty pods' FIFOs opened, their logs and the
+// store written at once) leaves a dozen idle, and each keeps 48 KiB of
+// stacks from the heap (its scheduler stack and its signal stack). A
+// goroutine that exits locked to its thread ends that thread, and the
+// runtime hands its P to an idle thread; when none is idle, it makes
+// one, so at worst this ends as many threads as it makes.
+func shedThreads() {
+	extra := threadCount() - runtime.GOMAXPROCS(0) - spareThreads
+	if extra <= 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	for range extra {
+		wg.Go(runtime.LockOSThread) // never unlocked: the thread ends with it
+	}
+	wg.Wait()
 }

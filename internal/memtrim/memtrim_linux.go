@@ -106,3 +106,13 @@ func isPIE(path string) (bool, error) {
 		return false, fmt.Errorf("the executable's ELF type is %d", t)
 	}
 }
+
+// threadCount is the number of the process's OS threads, 0 when it
+// cannot be read.
+func threadCount() int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	return len(tasks)
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,7 +73,7 @@ func TestRunTrimsWhenQuiet(t *testing.T) {
 	done := make(chan struct{})
 	out := &syncWriter{b: &strings.Builder{}}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() { Run(ctx, changes, clk, 10*time.Second, log); close(done) }()
+	go func() { Run(ctx, changes, clk, 10*time.Second, log, GC{}); close(done) }()
 	trims := func() int { return strings.Count(out.String(), "trimmed memory") }
 	spin.For(t, "Run waiting on the clock", func() (bool, string) {
 		n := clk.Waiters()
@@ -157,4 +158,37 @@ func TestTrimUnmapsTheFilesGiven(t *testing.T) {
 	if string(m) != want {
 		t.Errorf("after Trim the mapping differs from the file")
 	}
+}
+
+// Threads a burst of blocking system calls made are ended by Trim, down
+// to about GOMAXPROCS and spareThreads, and the program runs on.
+func TestTrimEndsIdleThreads(t *testing.T) {
+	var wg sync.WaitGroup
+	for range 24 {
+		wg.Go(func() {
+			ts := unix.Timespec{Nsec: int64(50 * time.Millisecond)}
+			unix.Nanosleep(&ts, nil) // blocks its thread
+		})
+	}
+	wg.Wait()
+	before := threadCount()
+	if _, err := Trim(); err != nil {
+		t.Fatal(err)
+	}
+	after := threadCount()
+	t.Logf("threads %d → %d (GOMAXPROCS %d)", before, after, runtime.GOMAXPROCS(0))
+	if before < 20 {
+		t.Fatalf("only %d threads after 24 blocking calls at once; the test made too few to shed", before)
+	}
+	if limit := runtime.GOMAXPROCS(0) + spareThreads + 2; after > limit {
+		t.Errorf("%d threads after Trim, want at most %d", after, limit)
+	}
+	// Still able to run goroutines and block in system calls.
+	done := make(chan struct{})
+	go func() {
+		ts := unix.Timespec{Nsec: int64(time.Millisecond)}
+		unix.Nanosleep(&ts, nil)
+		close(done)
+	}()
+	<-done
 }
