@@ -21,12 +21,10 @@ import (
 
 // GC is the collector's GOGC while the changes come (Busy) and once they
 // have quieted (Idle); zero leaves GOGC as it is. The heap the runtime
-// keeps between collections grows with GOGC, and at rest it is most of
-// the agent's memory: the scavenger keeps about the heap goal mapped, and
-// the goal is the live heap and GOGC percent of it and of the stacks.
-// Busy, the agent allocates fast and a low GOGC would cost it CPU while
-// pods start; idle, it allocates little, and a low GOGC costs next to
-// nothing.
+// lets grow between collections is GOGC percent of the live heap and the
+// stacks. Busy, the agent allocates fast, and a low GOGC costs it CPU
+// while pods start (GOGC 25 made 30 pods start 40 % slower); idle, it
+// allocates little, and a low GOGC costs next to nothing.
 type GC struct {
 	Busy, Idle int
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -191,4 +192,37 @@ func TestTrimEndsIdleThreads(t *testing.T) {
 		close(done)
 	}()
 	<-done
+}
+
+// Run sets GOGC to the idle percent when it trims, and back to the busy
+// one at the next change.
+func TestRunSetsTheIdleGCPercent(t *testing.T) {
+	old := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(old)
+	gcPercent := func() int {
+		p := debug.SetGCPercent(-1)
+		debug.SetGCPercent(p)
+		return p
+	}
+	clk := clocktest.New(time.Unix(0, 0))
+	changes := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		Run(ctx, changes, clk, 10*time.Second, slog.New(slog.DiscardHandler), GC{Busy: 50, Idle: 20})
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	spin.For(t, "Run waiting on the clock", func() (bool, string) {
+		n := clk.Waiters()
+		return n == 1, fmt.Sprintf("%d waiters", n)
+	})
+	clk.Advance(10 * time.Second)
+	spin.For(t, "GOGC idle", func() (bool, string) { p := gcPercent(); return p == 20, fmt.Sprintf("GOGC %d", p) })
+	changes <- struct{}{}
+	changes <- struct{}{} // returns once the first was handled
+	if p := gcPercent(); p != 50 {
+		t.Fatalf("GOGC %d after a change, want the busy 50", p)
+	}
 }
