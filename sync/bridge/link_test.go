@@ -189,15 +189,7 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 		http.Error(w, "not here", http.StatusServiceUnavailable)
 	}))
 	b.cfg.Shards, b.held, b.heard = 2, map[int]bool{}, map[string]*heard{}
-	ctx, cancel := context.WithCancel(context.Background())
-	b.run = ctx
-	defer func() {
-		cancel()
-		b.wg.Wait()
-		for _, n := range b.nodes {
-			n.st.Close()
-		}
-	}()
+	runFor(t, b)
 
 	// A node of shard 1 (shard 0's holder runs the cluster publisher
 	// too, which this test has not set up).
@@ -206,16 +198,8 @@ func TestNodeTakenOverStartsFromWhatWasHeard(t *testing.T) {
 		name = fmt.Sprintf("pi-%d", i)
 	}
 	shard := 1
-	status := func(gen uint64, label string) mqtt.Message {
-		body, err := (&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"v": label}}}).Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := mqtt.Envelope{Kind: "Node", Generation: gen, Encoding: mqtt.EncodingProtobuf, Body: body}
-		return mqtt.Message{Topic: mqtt.NodeStatusTopic(name), Payload: e.Marshal(), Retained: true}
-	}
-	b.handle(status(2, "new"))
-	b.handle(status(1, "old")) // late, and older: not kept
+	b.handle(retainedNodeStatus(t, name, 2, map[string]string{"v": "new"}))
+	b.handle(retainedNodeStatus(t, name, 1, map[string]string{"v": "old"})) // late, and older: not kept
 	b.handle(mqtt.Message{Topic: mqtt.OnlineTopic(name), Payload: []byte(mqtt.OnlineTrue)})
 	// A pod status the node published while no replica served it (its
 	// shard changing hands), and one heard too long ago.
@@ -336,22 +320,9 @@ func TestLeasesOfNodesTakenRenewedFirst(t *testing.T) {
 			http.Error(w, "not here", http.StatusServiceUnavailable)
 		}
 	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	b.run = ctx
-	defer func() {
-		cancel()
-		b.wg.Wait()
-		for _, n := range b.nodes {
-			n.st.Close()
-		}
-	}()
+	ctx := runFor(t, b)
 	for _, name := range names {
-		body, err := (&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}).Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := mqtt.Envelope{Kind: "Node", Generation: 1, Encoding: mqtt.EncodingProtobuf, Body: body}
-		b.handle(mqtt.Message{Topic: mqtt.NodeStatusTopic(name), Payload: e.Marshal(), Retained: true})
+		b.handle(retainedNodeStatus(t, name, 1, nil))
 		flag := mqtt.OnlineTrue
 		if name == offline {
 			flag = mqtt.OnlineFalse
@@ -405,4 +376,31 @@ func TestLeasesOfNodesTakenRenewedFirst(t *testing.T) {
 	if len(b.leases) != 0 {
 		t.Errorf("listed leases kept after the nodes started: %v", slices.Collect(maps.Keys(b.leases)))
 	}
+}
+
+// runFor gives b a run context until the test ends; then b's goroutines
+// stop and the stores of the nodes it started close.
+func runFor(t *testing.T, b *Bridge) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	b.run = ctx
+	t.Cleanup(func() {
+		cancel()
+		b.wg.Wait()
+		for _, n := range b.nodes {
+			n.st.Close()
+		}
+	})
+	return ctx
+}
+
+// retainedNodeStatus is node name's Node status, generation gen, as the
+// broker sends its retained copy.
+func retainedNodeStatus(t *testing.T, name string, gen uint64, labels map[string]string) mqtt.Message {
+	t.Helper()
+	body, err := (&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := mqtt.Envelope{Kind: "Node", Generation: gen, Encoding: mqtt.EncodingProtobuf, Body: body}
+	return mqtt.Message{Topic: mqtt.NodeStatusTopic(name), Payload: e.Marshal(), Retained: true}
 }

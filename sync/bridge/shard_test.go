@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -156,12 +155,7 @@ func shardTest(t *testing.T, shards int) (*sharder, *leaseServer) {
 	withAPI(t, b, ls)
 	b.cfg.Shards, b.cfg.Identity, b.cfg.Namespace = shards, "bridge-a", "outpost-system"
 	b.cluster = &publisher{b: b, scope: mqtt.ScopeCluster, st: st, wake: make(chan struct{}, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
-	b.run = ctx
-	t.Cleanup(func() {
-		cancel()
-		b.wg.Wait()
-	})
+	runFor(t, b)
 	return newSharder(b), ls
 }
 

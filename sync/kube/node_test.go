@@ -626,6 +626,17 @@ func ndSyncer(t *testing.T, rc *rest.Config, kcfg Config, facts *ndFacts, clk cl
 	return s, log
 }
 
+// ndConnectOnce runs the node loop of a Syncer made with cfg, its clock
+// at at, until its link is up, then stops it: a node registering, or a
+// bridge replica taking the node over.
+func ndConnectOnce(t *testing.T, rc *rest.Config, cfg Config, at time.Time) {
+	t.Helper()
+	s, _ := ndSyncer(t, rc, cfg, newNDFacts(), &ndClock{Fake: clocktest.New(at)})
+	stop := ndRun(t, s.runNode)
+	spinWait.Until(t, "the link up at "+at.Format(time.TimeOnly), func() bool { return s.Link().Connected })
+	stop()
+}
+
 // ndRun runs loop until the test ends.
 func ndRun(t *testing.T, loop func(context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1418,10 +1429,7 @@ func TestAbsentNodeLeaseNotRenewed(t *testing.T) {
 // any node does.
 func TestNodeLoopLeaseFirst(t *testing.T) {
 	api, rc := ndFakeAPI(t, "n1")
-	first, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
-	stop := ndRun(t, first.runNode)
-	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
-	stop()
+	ndConnectOnce(t, rc, Config{NodeName: "n1", LeaseFirst: true}, ndEpoch)
 	want := []string{
 		"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 404",
 		"GET /api/v1/nodes/n1 404", "POST /api/v1/nodes 201",
@@ -1437,9 +1445,7 @@ func TestNodeLoopLeaseFirst(t *testing.T) {
 	api.mu.Unlock()
 
 	later := ndEpoch.Add(30 * time.Second)
-	taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(later)})
-	ndRun(t, taker.runNode)
-	spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
+	ndConnectOnce(t, rc, Config{NodeName: "n1", LeaseFirst: true}, later)
 	got := api.log(from)
 	want = []string{
 		"GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
@@ -1463,10 +1469,7 @@ func TestNodeLoopLeaseFirst(t *testing.T) {
 // that changed since it was listed is read and renewed.
 func TestNodeLoopLeaseFirstFromListedLease(t *testing.T) {
 	api, rc := ndFakeAPI(t, "n1")
-	first, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
-	stop := ndRun(t, first.runNode)
-	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
-	stop()
+	ndConnectOnce(t, rc, Config{NodeName: "n1", LeaseFirst: true}, ndEpoch)
 
 	for _, tc := range []struct {
 		name    string
@@ -1492,10 +1495,7 @@ func TestNodeLoopLeaseFirstFromListedLease(t *testing.T) {
 			listed.ResourceVersion = "1" // older than the server's
 		}
 		later := ndEpoch.Add(30 * time.Second)
-		taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: listed}, newNDFacts(), &ndClock{Fake: clocktest.New(later)})
-		stop := ndRun(t, taker.runNode)
-		spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
-		stop()
+		ndConnectOnce(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: listed}, later)
 		got := api.log(from)
 		if len(got) < len(tc.want) || !slices.Equal(got[:len(tc.want)], tc.want) {
 			t.Errorf("%s: take-over requests\n got %q\nwant %q first", tc.name, got, tc.want)
@@ -1511,10 +1511,7 @@ func TestNodeLoopLeaseFirstFromListedLease(t *testing.T) {
 
 func TestNodeLoopFromRenewedLease(t *testing.T) {
 	api, rc := ndFakeAPI(t, "n1")
-	first, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true}, newNDFacts(), &ndClock{Fake: clocktest.New(ndEpoch)})
-	stop := ndRun(t, first.runNode)
-	spinWait.Until(t, "the link up", func() bool { return first.Link().Connected })
-	stop()
+	ndConnectOnce(t, rc, Config{NodeName: "n1", LeaseFirst: true}, ndEpoch)
 
 	api.mu.Lock()
 	listed := api.lease.DeepCopy()
@@ -1535,10 +1532,7 @@ func TestNodeLoopFromRenewedLease(t *testing.T) {
 	if len(got.OwnerReferences) != 1 || got.OwnerReferences[0].Kind != "Node" {
 		t.Errorf("renewed lease owners %v, want the Node's kept", got.OwnerReferences)
 	}
-	taker, _ := ndSyncer(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: got, LeaseRenewed: true}, newNDFacts(), &ndClock{Fake: clocktest.New(later.Add(time.Second))})
-	stop = ndRun(t, taker.runNode)
-	spinWait.Until(t, "the taker's link up", func() bool { return taker.Link().Connected })
-	stop()
+	ndConnectOnce(t, rc, Config{NodeName: "n1", LeaseFirst: true, Lease: got, LeaseRenewed: true}, later.Add(time.Second))
 	want := []string{
 		"PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1 200",
 		"GET /api/v1/nodes/n1 200",
