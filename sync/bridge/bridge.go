@@ -346,8 +346,9 @@ func (b *Bridge) owns(name string) bool {
 // heard of on the broker (from what was heard of them) and those the
 // API server knows, then reads what the broker retains of the nodes
 // heard too little of; shard 0 also runs the cluster publisher. Before
-// any of those nodes starts, the Leases of those online are renewed
-// (renewTaken). The sharder's goroutine calls it.
+// any of those nodes starts, their Leases are listed and those of the
+// nodes heard online renewed (listNodeLeases, renewTaken), on a
+// goroutine of their own. The sharder's goroutine calls it.
 func (b *Bridge) gainShards(shards []int) {
 	in := map[int]bool{}
 	b.mu.Lock()
@@ -364,15 +365,12 @@ func (b *Bridge) gainShards(shards []int) {
 	// (max_queued_messages), which then dropped them and live statuses
 	// of other nodes alike; the pod statuses of the move are what was
 	// heard lately (heard.recent).
-	var names, unknown, online []string
+	var names, unknown []string
 	for name, h := range b.heard {
 		if in[ShardOf(name, b.cfg.Shards)] {
 			names = append(names, name)
 			if h.status == nil || !h.known {
 				unknown = append(unknown, name)
-			}
-			if h.known && h.online && b.leases[name] != nil {
-				online = append(online, name)
 			}
 		}
 	}
@@ -388,7 +386,10 @@ func (b *Bridge) gainShards(shards []int) {
 	}
 	b.wg.Go(func() {
 		defer b.forgetLeases(in)
-		b.renewTaken(ctx, online)
+		// Here, not in the sharder's round: the list of a thousand
+		// Leases must not hold back the renewals of the shards.
+		b.listNodeLeases(ctx, in)
+		b.renewTaken(ctx, in)
 		for _, name := range names {
 			if ctx.Err() != nil {
 				return
@@ -411,14 +412,22 @@ const (
 	takenRenewWait = 2 * RenewInterval
 )
 
-// renewTaken renews the listed Leases (listNodeLeases) of names, the
-// online nodes of the shards just taken, before any of them starts:
+// renewTaken renews the listed Leases (listNodeLeases) of the nodes of
+// shards (in, just taken) heard online, before any of them starts:
 // each node then starts from its Lease renewed (kube.Config.LeaseRenewed).
 // Started at once, a thousand nodes' Leases waited for their stores,
 // their publishers' first passes and their pods listed, and were all
 // renewed only 8 s after the shards were taken; their renewals alone,
 // with nothing else asked of the API server, take a second or two.
-func (b *Bridge) renewTaken(ctx context.Context, names []string) {
+func (b *Bridge) renewTaken(ctx context.Context, in map[int]bool) {
+	var names []string
+	b.mu.Lock()
+	for name := range b.leases {
+		if h := b.heard[name]; in[ShardOf(name, b.cfg.Shards)] && h != nil && h.known && h.online {
+			names = append(names, name)
+		}
+	}
+	b.mu.Unlock()
 	if len(names) == 0 {
 		return
 	}
@@ -466,17 +475,13 @@ func (b *Bridge) renewTaken(ctx context.Context, names []string) {
 		"took", b.deps.Clock.Since(start).Round(time.Millisecond))
 }
 
-// listNodeLeases reads, with one list, the Leases of the nodes of shards
-// (just taken), for each node's Syncer to renew with no read of its own
+// listNodeLeases reads, with one list, the Leases of the nodes of the
+// shards in (just taken), for each node's Syncer to renew with no read of its own
 // (kube.Config.Lease): a thousand reads fewer for the API server while
 // a dead replica's nodes move. The list is served from the API server's
 // cache (resourceVersion 0): a Lease changed since is read again at its
 // renewal's conflict. Without it, each node reads its own.
-func (b *Bridge) listNodeLeases(ctx context.Context, shards []int) {
-	in := map[int]bool{}
-	for _, i := range shards {
-		in[i] = true
-	}
+func (b *Bridge) listNodeLeases(ctx context.Context, in map[int]bool) {
 	var list coordv1.LeaseList
 	lctx, cancel := context.WithTimeout(ctx, RenewInterval)
 	defer cancel()

@@ -320,7 +320,7 @@ func TestLeasesOfNodesTakenRenewedFirst(t *testing.T) {
 			http.Error(w, "not here", http.StatusServiceUnavailable)
 		}
 	}))
-	ctx := runFor(t, b)
+	runFor(t, b)
 	for _, name := range names {
 		b.handle(retainedNodeStatus(t, name, 1, nil))
 		flag := mqtt.OnlineTrue
@@ -330,7 +330,6 @@ func TestLeasesOfNodesTakenRenewedFirst(t *testing.T) {
 		b.handle(mqtt.Message{Topic: mqtt.OnlineTopic(name), Payload: []byte(flag), Retained: true})
 	}
 
-	b.listNodeLeases(ctx, []int{1})
 	b.gainShards([]int{1})
 	settle.Until(t, "the nodes started with their shard", func() bool {
 		b.mu.Lock()

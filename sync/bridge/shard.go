@@ -258,20 +258,13 @@ func (s *sharder) tick(ctx context.Context) {
 	wg.Wait()
 	var got []int
 	for k, i := range want {
-		if taken[k] != nil {
-			got = append(got, i)
-		}
-	}
-	if len(got) > 0 {
-		s.b.listNodeLeases(ctx, got)
-	}
-	for k, i := range want {
 		if taken[k] == nil {
 			continue
 		}
 		s.wrote(taken[k])
 		s.held[i], s.renewed[i] = taken[k], now
 		s.b.log.Info("bridge shard taken", "shard", i, "replicas", live, "share", share)
+		got = append(got, i)
 	}
 	if len(got) > 0 {
 		s.b.gainShards(got)
