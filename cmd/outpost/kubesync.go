@@ -66,6 +66,7 @@ func newKubeSync(cfg config.Config, st *store.Store, clk clock.Clock, log *slog.
 	k.Syncer, err = kube.New(kube.Config{
 		NodeName: cfg.NodeName, Labels: cfg.Node.Labels, Taints: taints,
 		WriteQPS: cfg.API.WriteQPS, WriteBurst: cfg.API.WriteBurst,
+		EventQPS: cfg.API.EventQPS, EventBurst: cfg.API.EventBurst,
 	}, kube.Deps{Client: client, Store: st, NodeFacts: facts, Clock: clk, Log: log.With("component", "kube")})
 	if err != nil {
 		return nil, err

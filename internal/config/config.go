@@ -160,6 +160,10 @@ type API struct {
 	// reconnect: statuses, mirror pods, deletions.
 	WriteQPS   float64 `json:"writeQPS"`
 	WriteBurst int     `json:"writeBurst"`
+	// EventQPS and EventBurst limit the events (Pulled, Started,
+	// BackOff…), in a bucket apart from the writes'.
+	EventQPS   float64 `json:"eventQPS"`
+	EventBurst int     `json:"eventBurst"`
 }
 
 // Network holds the node's address ranges.
@@ -227,7 +231,7 @@ func Default() Config {
 		ContainerLogMaxFiles: 5,
 		Node:                 Node{Labels: map[string]string{}, Taints: []Taint{}, MaxPods: 110},
 		MQTT:                 MQTT{Brokers: []string{}, Keepalive: "60s", MaxMessageBytes: 1 << 20, TrustedKeys: []string{}, MaxStreams: 16},
-		API:                  API{WriteQPS: 20, WriteBurst: 40},
+		API:                  API{WriteQPS: 20, WriteBurst: 40, EventQPS: 10, EventBurst: 20},
 		Containerd:           Containerd{Address: "/run/containerd/containerd.sock", Namespace: "outpost", ShimGroups: 4, CgroupParent: "/outpost"},
 		Network: Network{
 			PodCIDR:       "10.42.0.0/24",
@@ -425,6 +429,12 @@ func (c Config) validate(name string) error {
 	}
 	if c.API.WriteBurst < 1 || c.API.WriteBurst > 10000 {
 		bad("api.writeBurst", "%d is not between 1 and 10000", c.API.WriteBurst)
+	}
+	if c.API.EventQPS <= 0 || c.API.EventQPS > 1000 {
+		bad("api.eventQPS", "%g is not above 0 and at most 1000", c.API.EventQPS)
+	}
+	if c.API.EventBurst < 1 || c.API.EventBurst > 10000 {
+		bad("api.eventBurst", "%d is not between 1 and 10000", c.API.EventBurst)
 	}
 	if errs := validation.IsDNS1123Label(c.Containerd.Namespace); len(errs) > 0 {
 		bad("containerd.namespace", "%q is not a valid namespace: %s", c.Containerd.Namespace, errs[0])

@@ -52,6 +52,8 @@ func TestBadFieldsNameFileFieldAndReason(t *testing.T) {
 		{"node: {maxPods: 0}\n", "config.yaml: node.maxPods: 0 is not between 1 and 1000"},
 		{"api: {writeQPS: 0}\n", "config.yaml: api.writeQPS: 0 is not above 0 and at most 1000"},
 		{"api: {writeBurst: 0}\n", "config.yaml: api.writeBurst: 0 is not between 1 and 10000"},
+		{"api: {eventQPS: 0}\n", "config.yaml: api.eventQPS: 0 is not above 0 and at most 1000"},
+		{"api: {eventBurst: 0}\n", "config.yaml: api.eventBurst: 0 is not between 1 and 10000"},
 		{"bootstrapKubeconfig: bootstrap.kubeconfig\n", `config.yaml: bootstrapKubeconfig: "bootstrap.kubeconfig" is not an absolute path`},
 		{"bootstrapKubeconfig: /etc/outpost/kc\nkubeconfig: /etc/outpost/kc\n", `config.yaml: bootstrapKubeconfig: "/etc/outpost/kc" is also kubeconfig`},
 		{"kubeconfig: /etc/outpost/kc\nmqtt: {brokers: ['ssl://b:8883']}\n", "config.yaml: mqtt.brokers: a node syncs through kubeconfig or through mqtt, never both"},

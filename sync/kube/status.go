@@ -79,6 +79,10 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 	bo := newReconnectBackoff()
 	recheck := s.deps.Clock.NewTimer(statusRecheck)
 	defer recheck.Stop()
+	// events fires when the events left for want of a token may go.
+	events := s.deps.Clock.NewTimer(time.Hour)
+	events.Stop()
+	defer events.Stop()
 	for {
 		// The node's status and Lease go first after every (re)connect,
 		// and nothing is sent while the link is down.
@@ -111,9 +115,14 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 		}
 		recheck.Stop()
 		recheck.Reset(statusRecheck)
+		events.Stop()
+		if d.eventsLater > 0 {
+			events.Reset(d.eventsLater)
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-events.C():
 		case <-journal:
 		case <-pods:
 			d.mirrorsDirty = true
@@ -153,6 +162,9 @@ type drainer struct {
 	logged map[string]string
 	// again asks for another pass at once (a mirror pod to recreate).
 	again bool
+	// eventsLater is how long until the events left buffered for want
+	// of a token may go, or 0 when none was left.
+	eventsLater time.Duration
 	// forgotten is the Syncer's forgottenCount as the sink last saw it.
 	forgotten uint64
 	// sentStatic is the status last patched onto each static pod's
@@ -194,7 +206,8 @@ func newDrainer(s *Syncer, api podAPI) *drainer {
 }
 
 // pass makes the mirror pods match the static pods when they may have
-// changed, sends every pending status, then the buffered events. An
+// changed, sends every pending status, then the buffered events their
+// rate limit lets go now (d.eventsLater says when the rest may). An
 // error means a request could not reach the server (or the store could
 // not be read): the caller backs off and the next pass starts again
 // where this one stopped, since nothing unsent was acknowledged.
@@ -209,7 +222,7 @@ func (d *drainer) pass(ctx context.Context) (again bool, err error) {
 	if err := d.drainJournal(ctx); err != nil {
 		return false, err
 	}
-	if err := d.sendEvents(ctx); err != nil {
+	if d.eventsLater, err = d.sendEvents(ctx); err != nil {
 		return false, err
 	}
 	if d.again {
@@ -557,39 +570,45 @@ func (s *Syncer) Event(pod *corev1.Pod, typ, reason, message string, at time.Tim
 	}
 }
 
-// sendEvents sends the buffered events. An event that cannot reach the
-// server goes back to the buffer (within its bound); one the server
-// refuses is dropped.
-func (d *drainer) sendEvents(ctx context.Context) error {
+// sendEvents sends the buffered events as far as their own rate limit
+// allows without waiting: the statuses that come meanwhile are not held
+// up behind them. What is left waits in the buffer, and later says when
+// the next may go. An event that cannot reach the server goes back to
+// the buffer (within its bound); one the server refuses is dropped.
+func (d *drainer) sendEvents(ctx context.Context) (later time.Duration, err error) {
 	k := &d.s.sink
 	k.mu.Lock()
 	evs := k.events
 	k.events = nil
 	k.mu.Unlock()
+	putBack := func(rest []*queuedEvent) {
+		k.mu.Lock()
+		rest = append(rest, k.events...)
+		if len(rest) > eventBufferSize {
+			rest = rest[len(rest)-eventBufferSize:]
+		}
+		k.events = rest
+		k.mu.Unlock()
+	}
 	for i, q := range evs {
 		ev := d.eventFor(q)
 		if ev == nil {
 			continue
 		}
-		err := d.s.writes.wait(ctx)
-		if err == nil {
-			err = d.api.createEvent(ctx, ev)
+		if ok, after := d.s.events.take(); !ok {
+			putBack(evs[i:])
+			return after, nil
 		}
+		err := d.api.createEvent(ctx, ev)
 		if outcomeOf(err) == outcomeRetry {
-			k.mu.Lock()
-			rest := append(evs[i:], k.events...)
-			if len(rest) > eventBufferSize {
-				rest = rest[len(rest)-eventBufferSize:]
-			}
-			k.events = rest
-			k.mu.Unlock()
-			return fmt.Errorf("send event %s of pod %s/%s: %w", q.reason, q.namespace, q.name, err)
+			putBack(evs[i:])
+			return 0, fmt.Errorf("send event %s of pod %s/%s: %w", q.reason, q.namespace, q.name, err)
 		}
 		if err != nil {
 			d.s.log.Debug("event dropped", "pod", q.namespace+"/"+q.name, "reason", q.reason, "err", err)
 		}
 	}
-	return nil
+	return 0, nil
 }
 
 // eventFor returns the Event to send for q, or nil when no object in

@@ -220,7 +220,7 @@ func newSinkUnit(t *testing.T) *sinkUnit {
 	}
 	t.Cleanup(func() { st.Close() })
 	clk := clocktest.New(sinkEpoch)
-	s, err := New(Config{NodeName: "n1", WriteQPS: 1000, WriteBurst: 1000}, Deps{
+	s, err := New(Config{NodeName: "n1", WriteQPS: 1000, WriteBurst: 1000, EventQPS: 1000, EventBurst: 1000}, Deps{
 		Client: &Client{Config: &rest.Config{Host: "https://api.invalid"}},
 		Store:  st, Clock: clk, Log: slog.New(slog.NewTextHandler(t.Output(), nil)),
 	})
@@ -531,6 +531,42 @@ func TestStatusEventsBufferedAndSent(t *testing.T) {
 	}
 	u.mustPass()
 	u.wantCalls("event Killing", "event Killing")
+}
+
+// TestStatusEventsNeverHoldUpStatuses runs the loop with events beyond
+// their bucket's burst: the events the bucket allows go at once, a
+// status journaled while the rest wait is patched with no wait, and the
+// rest go when the bucket refills, with nothing else to wake the loop.
+func TestStatusEventsNeverHoldUpStatuses(t *testing.T) {
+	u := newSinkUnit(t)
+	u.s.events = newLimiter(u.clk, 2, 3) // a token every 500 ms
+	web := sinkPod("web", "u1")
+	u.desire(store.SourceAPI, web)
+	for i := range 5 {
+		u.s.Event(web, "Normal", fmt.Sprintf("E%d", i), "m", sinkEpoch)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { u.s.drainStatus(ctx, u.api); close(done) }()
+	defer func() { cancel(); <-done }()
+	u.s.setConnected(true)
+	u.s.setNodeSynced()
+
+	calls := func() int { u.api.mu.Lock(); defer u.api.mu.Unlock(); return len(u.api.calls) }
+	reactWait.Until(t, "the burst of events sent", func() bool { return calls() == 4 })
+	// Idle: the recheck, the events' and the journal's waits armed.
+	reactWait.Until(t, "the loop idle", func() bool { return u.clk.Waiters() >= 2 })
+	u.wantCalls("list", "event E0", "event E1", "event E2")
+
+	u.journal(web, phase(corev1.PodRunning))
+	reactWait.Until(t, "the status patched", func() bool { return u.backlog() == 0 })
+	u.wantCalls("patch default/web uid=u1 phase=Running")
+
+	u.clk.Advance(500 * time.Millisecond)
+	reactWait.Until(t, "one more event once a token came", func() bool { return calls() == 1 })
+	u.clk.Advance(500 * time.Millisecond)
+	reactWait.Until(t, "the last event", func() bool { return calls() == 2 })
+	u.wantCalls("event E3", "event E4")
 }
 
 // sinkTransport counts the requests that reach the API server, and can

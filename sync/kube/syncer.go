@@ -30,6 +30,11 @@ type Config struct {
 	// (default 20 per second, burst 40).
 	WriteQPS   float64
 	WriteBurst int
+	// EventQPS and EventBurst pace the events, in a bucket of their own
+	// so that they never hold up a pod's status (default 10 per second,
+	// burst 20).
+	EventQPS   float64
+	EventBurst int
 	// StatusAfterPodsListed holds the status part (LoopStatus) until
 	// the store's pods were listed once (their resume version is set),
 	// when they are listed by someone else (the bridge's PodsFeed): a
@@ -102,6 +107,12 @@ func (c *Config) setDefaults() {
 	if c.WriteBurst <= 0 {
 		c.WriteBurst = 2 * int(c.WriteQPS)
 	}
+	if c.EventQPS <= 0 {
+		c.EventQPS = 10
+	}
+	if c.EventBurst <= 0 {
+		c.EventBurst = 2 * int(c.EventQPS)
+	}
 	if c.LeaseDuration <= 0 {
 		c.LeaseDuration = defaultLeaseDuration
 	}
@@ -146,6 +157,9 @@ type Syncer struct {
 	log  *slog.Logger
 
 	writes *limiter
+	// events paces the events apart from writes: the status sink takes
+	// its tokens without waiting, so an event never delays a status.
+	events *limiter
 
 	mu   sync.Mutex
 	link report.Link
@@ -189,6 +203,7 @@ func New(cfg Config, deps Deps) (*Syncer, error) {
 	cfg.setDefaults()
 	s := &Syncer{cfg: cfg, deps: deps, log: deps.Log, changed: make(chan struct{})}
 	s.writes = newLimiter(deps.Clock, cfg.WriteQPS, cfg.WriteBurst)
+	s.events = newLimiter(deps.Clock, cfg.EventQPS, cfg.EventBurst)
 	s.link = report.Link{Server: deps.Client.Config.Host, Since: deps.Clock.Now()}
 	// Read before any loop runs: the pods watch of this run sets it.
 	if rv, err := deps.Store.ResumeVersion(podsResource); err == nil && rv != "" {
@@ -402,20 +417,28 @@ func newLimiter(c clock.Clock, qps float64, burst int) *limiter {
 	return &limiter{clock: c, rate: qps, burst: float64(burst), tokens: float64(burst), last: c.Now()}
 }
 
+// take takes one token if the bucket has one, or else says how long
+// until it will.
+func (l *limiter) take() (ok bool, after time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
+	l.last = now
+	if l.tokens >= 1 {
+		l.tokens--
+		return true, 0
+	}
+	return false, max(time.Millisecond, time.Duration((1-l.tokens)/l.rate*float64(time.Second)))
+}
+
 // wait takes one token, waiting for it if the bucket is empty.
 func (l *limiter) wait(ctx context.Context) error {
 	for {
-		l.mu.Lock()
-		now := l.clock.Now()
-		l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*l.rate)
-		l.last = now
-		if l.tokens >= 1 {
-			l.tokens--
-			l.mu.Unlock()
+		ok, need := l.take()
+		if ok {
 			return nil
 		}
-		need := time.Duration((1 - l.tokens) / l.rate * float64(time.Second))
-		l.mu.Unlock()
 		t := l.clock.NewTimer(need)
 		select {
 		case <-ctx.Done():
