@@ -427,3 +427,52 @@ func TestScratchStore(t *testing.T) {
 		t.Fatalf("pod stored: %v %v", ok, err)
 	}
 }
+
+// TestLoneWriteCommitsAtOnce: with no other write in flight a write
+// commits at once, not after bbolt's batch delay (an hour here, so a
+// write that waited for it would never return); writes that come while
+// another commits gather into one commit.
+func TestLoneWriteCommitsAtOnce(t *testing.T) {
+	s := openTemp(t)
+	s.db.MaxBatchDelay = time.Hour
+	s.db.MaxBatchSize = 2
+	done := make(chan error, 1)
+	go func() { done <- s.Pods().Put(SourceAPI, pod("default", "web", "busybox")) }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a lone write waited for the batch delay")
+	}
+
+	// One write in flight, held in its transaction; two others come.
+	held, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		done <- s.batch(func(tx *bolt.Tx) error {
+			select {
+			case <-held:
+			default:
+				close(held)
+			}
+			<-release
+			return nil
+		})
+	}()
+	<-held
+	commits := s.writes.commits.Load()
+	errs := make(chan error, 2)
+	for _, name := range []string{"a", "b"} {
+		go func() { errs <- s.Pods().Put(SourceAPI, pod("default", name, "busybox")) }()
+	}
+	for s.writers.Load() < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	must(t, <-done)
+	for range 2 {
+		must(t, <-errs)
+	}
+	if got := s.writes.commits.Load() - commits; got != 2 {
+		t.Errorf("%d commits for the held write and the two that came meanwhile, want 2 (theirs shared)", got)
+	}
+}
