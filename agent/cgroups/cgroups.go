@@ -106,6 +106,7 @@ func (t Tree) removeRetrying(p string, kill bool) error {
 			return err
 		}
 		if kill {
+			t.thaw(p)
 			killBusy(err)
 		}
 		<-t.clock().NewTimer(delay).C()
@@ -118,6 +119,37 @@ func (t Tree) clock() clock.Clock {
 		return clock.Real{}
 	}
 	return t.Clock
+}
+
+// thaw thaws the cgroup at p and those below it, in every hierarchy. A
+// runc killed while it had a container's cgroup frozen (it freezes one to
+// change its device rules) leaves it frozen, and a frozen process does
+// not die of SIGKILL until it is thawed. What is not frozen is left as it
+// is.
+func (t Tree) thaw(p string) {
+	hs, err := t.hierarchies()
+	if err != nil {
+		return
+	}
+	for _, h := range hs {
+		filepath.WalkDir(filepath.Join(h, p), func(dir string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				writeExisting(filepath.Join(dir, "freezer.state"), "FROZEN", "THAWED") // v1
+				writeExisting(filepath.Join(dir, "cgroup.freeze"), "1", "0")           // v2
+			}
+			return nil
+		})
+	}
+}
+
+// writeExisting writes to to the control file at path when it holds
+// from; a missing file is no cgroup of that kind.
+func writeExisting(path, from, to string) {
+	b, err := os.ReadFile(path)
+	if err != nil || strings.TrimSpace(string(b)) != from {
+		return
+	}
+	os.WriteFile(path, []byte(to), 0)
 }
 
 // killBusy kills the processes of every BusyError in err's tree.

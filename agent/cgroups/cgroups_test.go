@@ -159,3 +159,43 @@ func TestNamesThatAreNotOnePathElementAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestFrozenPodCgroupIsThawedToKill: a pod cgroup that a killed runc left
+// frozen (v1's freezer.state, v2's cgroup.freeze) is thawed before its
+// processes are killed, or they could not die; one not frozen is left as
+// it is.
+func TestFrozenPodCgroupIsThawedToKill(t *testing.T) {
+	root := v1(t)
+	mkdirs(t, root, "freezer/outpost/poda/c1", "memory/outpost/poda/c1", "unified/outpost/poda/c1", "freezer/outpost/podb")
+	write := func(rel, v string) {
+		if err := os.WriteFile(filepath.Join(root, rel), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(rel string) string {
+		b, _ := os.ReadFile(filepath.Join(root, rel))
+		return string(b)
+	}
+	write("freezer/outpost/poda/c1/freezer.state", "FROZEN\n")
+	write("unified/outpost/poda/c1/cgroup.freeze", "1\n")
+	write("freezer/outpost/podb/freezer.state", "FROZEN\n")
+	procs := filepath.Join(root, "memory/outpost/poda/c1/cgroup.procs")
+	write("memory/outpost/poda/c1/cgroup.procs", "4242\n")
+	var states []string
+	fakeKill(t, func(int) {
+		states = append(states, read("freezer/outpost/poda/c1/freezer.state"), read("unified/outpost/poda/c1/cgroup.freeze"))
+		// Thawed and killed, the process leaves; so do the control files.
+		for _, f := range []string{procs, filepath.Join(root, "freezer/outpost/poda/c1/freezer.state"), filepath.Join(root, "unified/outpost/poda/c1/cgroup.freeze")} {
+			os.Remove(f)
+		}
+	})
+	if err := (Tree{Root: root, Parent: "/outpost"}).RemovePod("a"); err != nil {
+		t.Fatalf("RemovePod: %v", err)
+	}
+	if !slices.Equal(states, []string{"THAWED", "0"}) {
+		t.Errorf("at the kill the cgroup was %q, want thawed in both hierarchies", states)
+	}
+	if got := read("freezer/outpost/podb/freezer.state"); got != "FROZEN\n" {
+		t.Errorf("another pod's cgroup: %q, want it left frozen", got)
+	}
+}

@@ -603,8 +603,19 @@ func tailFile(path string, n int) string {
 }
 
 // killCgroupProcs kills, with SIGKILL, the processes in the cgroup dir
-// and those below it.
+// (of the memory hierarchy) and those below it, after thawing the same
+// cgroups of the freezer hierarchy: a runc the power cut killed while it
+// had a container's cgroup frozen leaves it frozen, and its processes do
+// not die until thawed.
 func killCgroupProcs(dir string) {
+	if rel, ok := strings.CutPrefix(dir, "/sys/fs/cgroup/memory/"); ok {
+		filepath.WalkDir(filepath.Join("/sys/fs/cgroup/freezer", rel), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.Name() == "freezer.state" {
+				os.WriteFile(p, []byte("THAWED"), 0)
+			}
+			return nil
+		})
+	}
 	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 			return nil
