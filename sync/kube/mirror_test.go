@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -466,10 +465,7 @@ func TestMirrorLoopMakesMirrorAgainWhenNodeForgotten(t *testing.T) {
 	web := staticSinkPod("web-n1", "hash1")
 	u.desire(store.SourceStatic, web)
 	u.journal(web, phase(corev1.PodRunning))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { u.s.drainStatus(ctx, u.api); close(done) }()
-	defer func() { cancel(); <-done }()
+	u.runLoop()
 	u.s.setConnected(true)
 	u.s.setNodeSynced()
 	reactWait.Until(t, "the status sent", func() bool {

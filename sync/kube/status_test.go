@@ -275,6 +275,14 @@ func (u *sinkUnit) backlog() int {
 	return n
 }
 
+// runLoop runs the status sink's loop until the test ends.
+func (u *sinkUnit) runLoop() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { u.s.drainStatus(ctx, u.api); close(done) }()
+	u.t.Cleanup(func() { cancel(); <-done })
+}
+
 func (u *sinkUnit) pass() error {
 	u.t.Helper()
 	_, err := u.d.pass(context.Background())
@@ -473,10 +481,7 @@ func TestStatusLoopWaitsForNodeThenBacksOff(t *testing.T) {
 		return nil
 	}
 	u.api.failNext("patch", connRefused)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { u.s.drainStatus(ctx, u.api); close(done) }()
-	defer func() { cancel(); <-done }()
+	u.runLoop()
 
 	u.s.setConnected(true)
 	u.s.setNodeSynced()
@@ -545,10 +550,7 @@ func TestStatusEventsNeverHoldUpStatuses(t *testing.T) {
 	for i := range 5 {
 		u.s.Event(web, "Normal", fmt.Sprintf("E%d", i), "m", sinkEpoch)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { u.s.drainStatus(ctx, u.api); close(done) }()
-	defer func() { cancel(); <-done }()
+	u.runLoop()
 	u.s.setConnected(true)
 	u.s.setNodeSynced()
 
