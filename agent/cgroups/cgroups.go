@@ -121,6 +121,10 @@ func (t Tree) clock() clock.Clock {
 	return t.Clock
 }
 
+// ThawAll thaws Parent and every cgroup below it, in every hierarchy
+// (thaw): for a test's cleanup of containers a killed runc left frozen.
+func (t Tree) ThawAll() { t.thaw(t.Parent) }
+
 // thaw thaws the cgroup at p and those below it, in every hierarchy. A
 // runc killed while it had a container's cgroup frozen (it freezes one to
 // change its device rules) leaves it frozen, and a frozen process does

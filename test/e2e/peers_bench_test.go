@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/outpost-edge/outpost/agent/cgroups"
 	"github.com/outpost-edge/outpost/sync/kube"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -608,13 +609,8 @@ func tailFile(path string, n int) string {
 // had a container's cgroup frozen leaves it frozen, and its processes do
 // not die until thawed.
 func killCgroupProcs(dir string) {
-	if rel, ok := strings.CutPrefix(dir, "/sys/fs/cgroup/memory/"); ok {
-		filepath.WalkDir(filepath.Join("/sys/fs/cgroup/freezer", rel), func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.Name() == "freezer.state" {
-				os.WriteFile(p, []byte("THAWED"), 0)
-			}
-			return nil
-		})
+	if rel, ok := strings.CutPrefix(dir, "/sys/fs/cgroup/memory"); ok {
+		cgroups.Tree{Parent: rel}.ThawAll()
 	}
 	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
