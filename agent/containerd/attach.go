@@ -1,6 +1,7 @@
 package containerd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -154,11 +155,29 @@ func (r *Runtime) Attach(ctx context.Context, id string, s agent.StreamIO) error
 	gone := make(chan struct{})
 	var goneOnce sync.Once
 	leave := func() { goneOnce.Do(func() { close(gone) }) }
+	// The output reaches the client through a queue and a goroutine of
+	// its own: it is written on the goroutine that copies every
+	// container's output, which a slow client must not hold up.
+	var queues sync.WaitGroup
+	var unjoin []func()
+	finish := make(chan struct{})
+	defer func() {
+		for _, f := range unjoin {
+			f() // nothing more is queued
+		}
+		close(finish) // the queues write what they hold, and stop
+		queues.Wait()
+	}()
+	follow := func(st *lockedStream, w io.Writer) {
+		q := newAttachQueue(w, leave)
+		queues.Go(func() { q.run(finish) })
+		unjoin = append(unjoin, st.join(q))
+	}
 	if s.Stdout != nil {
-		defer o.out.join(&watchedWriter{w: s.Stdout, failed: leave})()
+		follow(o.out, s.Stdout)
 	}
 	if s.Stderr != nil && !s.TTY {
-		defer o.errOut.join(&watchedWriter{w: s.Stderr, failed: leave})()
+		follow(o.errOut, s.Stderr)
 	}
 	if s.Stdin != nil && in != nil {
 		go func() {
@@ -185,19 +204,91 @@ func (r *Runtime) Attach(ctx context.Context, id string, s agent.StreamIO) error
 	return nil
 }
 
-// watchedWriter calls failed once its writer has failed: the attached
-// client has gone.
-type watchedWriter struct {
+// attachQueueBytes is how much output an attached client may have
+// waiting before it is taken as gone: a client that reads slower than the
+// container writes is dropped rather than left to hold up the logs.
+const attachQueueBytes = 1 << 20
+
+// attachQueue passes a container's output to an attached client on a
+// goroutine of its own (run). Write copies and queues; the client's
+// first failed write, or a full queue, calls failed: it has gone.
+type attachQueue struct {
 	w      io.Writer
 	failed func()
+	wake   chan struct{} // a token when bufs has something
+
+	mu   sync.Mutex
+	bufs [][]byte
+	n    int  // bytes in bufs
+	dead bool // failed has been called
 }
 
-func (w *watchedWriter) Write(p []byte) (int, error) {
-	n, err := w.w.Write(p)
-	if err != nil {
-		w.failed()
+func newAttachQueue(w io.Writer, failed func()) *attachQueue {
+	return &attachQueue{w: w, failed: failed, wake: make(chan struct{}, 1)}
+}
+
+var errAttachGone = errors.New("attached client gone or too slow")
+
+// Write queues a copy of p for the client.
+func (q *attachQueue) Write(p []byte) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return 0, errAttachGone
 	}
-	return n, err
+	if q.n+len(p) > attachQueueBytes {
+		q.dead = true
+		q.failed()
+		return 0, errAttachGone
+	}
+	q.bufs = append(q.bufs, bytes.Clone(p))
+	q.n += len(p)
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+// run writes what is queued to the client until finish is closed, and
+// then what is left.
+func (q *attachQueue) run(finish <-chan struct{}) {
+	for {
+		select {
+		case <-q.wake:
+			if !q.flush() {
+				return
+			}
+		case <-finish:
+			q.flush()
+			return
+		}
+	}
+}
+
+// flush writes what is queued; false once the client has failed.
+func (q *attachQueue) flush() bool {
+	for {
+		q.mu.Lock()
+		bufs, dead := q.bufs, q.dead
+		q.bufs, q.n = nil, 0
+		q.mu.Unlock()
+		if dead {
+			return false
+		}
+		if len(bufs) == 0 {
+			return true
+		}
+		for _, b := range bufs {
+			if _, err := q.w.Write(b); err != nil {
+				q.mu.Lock()
+				q.dead = true
+				q.mu.Unlock()
+				q.failed()
+				return false
+			}
+		}
+	}
 }
 
 // resizeTask applies terminal sizes to the container's task until done.

@@ -38,6 +38,7 @@ import (
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/agent/crilog"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/outpoll"
 )
 
 // Labels the adapter keeps on a container once its task has ended; the
@@ -82,6 +83,8 @@ type Runtime struct {
 	cfg    Config
 	deps   Deps
 	client *containerd.Client
+	// poll copies every running container's output FIFOs to its log.
+	poll *outpoll.Poller
 
 	mu       sync.Mutex
 	attached map[string]bool // containers whose output is being copied
@@ -141,19 +144,29 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("containerd %s: %w", cfg.Address, err)
 	}
+	poll, err := outpoll.New()
+	if err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("containerd: %w", err)
+	}
 	r := &Runtime{
-		cfg: cfg, deps: deps, client: cl, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
+		cfg: cfg, deps: deps, client: cl, poll: poll, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
 		oom: map[string]bool{}, images: map[string]cachedImage{},
 	}
 	if _, err := r.Version(ctx); err != nil {
-		cl.Close()
+		r.Close()
 		return nil, err
 	}
 	return r, nil
 }
 
-// Close closes the connection; running containers are not touched.
-func (r *Runtime) Close() error { return r.client.Close() }
+// Close stops copying the containers' output and closes the connection;
+// running containers are not touched, and an agent started after copies
+// their output again from their FIFOs.
+func (r *Runtime) Close() error {
+	r.poll.Close()
+	return r.client.Close()
+}
 
 func (r *Runtime) ctx(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, r.cfg.Namespace)
@@ -522,7 +535,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		unlock()
 		return fmt.Errorf("start %s: %w", id, err)
 	}
-	creator := streamCreator(r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
+	creator := streamCreator(r.poll, r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
 	task, err := c.NewTask(ctx, creator)
 	if errdefs.IsAlreadyExists(err) {
 		// An agent killed while containerd created the task can leave
@@ -630,7 +643,7 @@ func (r *Runtime) reattach(ctx context.Context, c containerd.Container, labels m
 		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)
 		return
 	}
-	task, err := c.Task(ctx, streamAttach(out, errOut))
+	task, err := c.Task(ctx, streamAttach(r.poll, out, errOut))
 	if err != nil {
 		closeLog()
 		r.deps.Log.Warn("reattach logs", "container", c.ID(), "err", err)

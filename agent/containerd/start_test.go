@@ -126,7 +126,7 @@ func TestStartReplacesStaleTask(t *testing.T) {
 	r := &Runtime{
 		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
 		deps:   Deps{Clock: clock.Real{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client: cl, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
+		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
 		oom: map[string]bool{}, images: map[string]cachedImage{},
 	}
 	if err := r.Start(context.Background(), id); err != nil {

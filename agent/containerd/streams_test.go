@@ -10,7 +10,20 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/cio"
+
+	"github.com/outpost-edge/outpost/internal/outpoll"
 )
+
+// testPoller is a Poller that the test's end closes.
+func testPoller(t *testing.T) *outpoll.Poller {
+	t.Helper()
+	p, err := outpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
 
 // shimSide opens a task's FIFOs the way the shim does: output FIFOs for
 // writing, stdin for reading. Each open waits for the agent's side.
@@ -64,7 +77,7 @@ func TestStreamCreator(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			var out, errOut bytes.Buffer
-			tio, err := streamCreator(dir, tc.terminal, tc.stdin, &out, &errOut)("c1")
+			tio, err := streamCreator(testPoller(t), dir, tc.terminal, tc.stdin, &out, &errOut)("c1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +141,7 @@ func TestStreamAttachReopensStdin(t *testing.T) {
 	}
 	fifos.Stderr = ""
 	var out, errOut bytes.Buffer
-	tio, err := streamAttach(&out, &errOut)(fifos)
+	tio, err := streamAttach(testPoller(t), &out, &errOut)(fifos)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +165,7 @@ func TestStreamAttachReopensStdin(t *testing.T) {
 	}
 	tio.Close()
 
-	if _, err := streamAttach(&out, &errOut)(nil); err == nil {
+	if _, err := streamAttach(testPoller(t), &out, &errOut)(nil); err == nil {
 		t.Fatal("attach to no FIFOs succeeded")
 	}
 }
@@ -163,7 +176,7 @@ func TestStreamAttachReopensStdin(t *testing.T) {
 func TestStreamsWhenDone(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
-	tio, err := streamCreator(dir, false, false, &out, &errOut)("c1")
+	tio, err := streamCreator(testPoller(t), dir, false, false, &out, &errOut)("c1")
 	if err != nil {
 		t.Fatal(err)
 	}
