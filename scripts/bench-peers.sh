@@ -50,6 +50,11 @@ if ! command -v gnuplot >/dev/null; then
 	echo "bench-peers: installing gnuplot-nox for the charts"
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gnuplot-nox >/dev/null
 fi
+# kubelet's pods get their network from the CNI bridge plugin.
+if [[ ! -x /usr/lib/cni/bridge && ! -x /opt/cni/bin/bridge ]]; then
+	echo "bench-peers: installing containernetworking-plugins for kubelet's pods"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containernetworking-plugins >/dev/null
+fi
 scripts/testenv/install.sh >/dev/null
 scripts/testenv/build-tools.sh >/dev/null
 scripts/testenv/build-tools.sh peers
@@ -67,8 +72,15 @@ bench() { # NAME [ENV=VALUE…]
 	for try in 1 2; do
 		echo "bench-peers: $name $*"
 		if (cd test/e2e && env BENCH_OUTPOST="$tmp/outpost" "$@" "$tmp/e2e.test" -test.run '^$' \
-			-test.bench "^$name\$" -test.benchtime 1x -test.timeout 60m) >"$tmp/run.txt" 2>&1; then
-			grep -E '^Benchmark' "$tmp/run.txt" | sed "s/^/$*|/" >>"$out"
+			-test.bench "^$name\$" -test.benchtime 1x -test.timeout 60m -test.v) >"$tmp/run.txt" 2>&1; then
+			# A benchmark that skipped (a peer not built, a plugin
+			# missing) passes with no figures: that is a failure here.
+			if grep -q '^--- SKIP' "$tmp/run.txt" || ! grep -qE '^Benchmark.* ns/op' "$tmp/run.txt"; then
+				grep -A3 '^--- SKIP' "$tmp/run.txt" >&2
+				echo "bench-peers: $name $* measured nothing" >&2
+				exit 1
+			fi
+			grep -E '^Benchmark.* ns/op' "$tmp/run.txt" | sed "s/^/$*|/" >>"$out"
 			return
 		fi
 		tail -40 "$tmp/run.txt" >&2
