@@ -36,7 +36,8 @@ var ErrClosed = errors.New("outpoll: closed")
 
 // Poller copies FIFOs to writers. Its zero value is not usable: call New.
 type Poller struct {
-	ep *os.File // the epoll set, in the runtime's poller
+	ep   *os.File // the epoll set, in the runtime's poller
+	epfd int      // its descriptor (ep.Fd would make it blocking)
 
 	mu     sync.Mutex
 	pipes  map[int32]*Pipe // by the key their events carry
@@ -71,7 +72,7 @@ func New() (*Poller, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("outpoll: epoll set: %w", err)
 	}
-	p := &Poller{ep: os.NewFile(uintptr(fd), "outpoll"), pipes: map[int32]*Pipe{}, done: make(chan struct{})}
+	p := &Poller{ep: os.NewFile(uintptr(fd), "outpoll"), epfd: fd, pipes: map[int32]*Pipe{}, done: make(chan struct{})}
 	rc, err := p.ep.SyscallConn()
 	if err != nil {
 		p.ep.Close()
@@ -119,7 +120,7 @@ func (p *Poller) add(fd int, w io.Writer, onEnd func()) (*Pipe, error) {
 	}
 	pp := &Pipe{p: p, key: p.next, fd: fd, w: w, onEnd: onEnd, ended: make(chan struct{})}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: pp.key}
-	if err := unix.EpollCtl(int(p.ep.Fd()), unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return nil, fmt.Errorf("epoll_ctl: %w", err)
 	}
 	p.pipes[pp.key] = pp
