@@ -113,11 +113,34 @@ func Key(namespace, name string) string { return namespace + "/" + name }
 // when the stored value is already identical, and fails with
 // ErrSourceConflict when another source owns an object of that name.
 func (c Collection[T, P]) Put(src Source, obj P) error {
-	_, err := c.put(src, obj)
+	_, err := c.put(src, obj, Resume{})
 	return err
 }
 
-func (c Collection[T, P]) put(src Source, obj P) (bool, error) {
+// Resume is a watch's resume version (SetResumeVersion) that PutResumed
+// or DeleteResumed record in the same transaction as the object: a watch
+// event costs one commit, not two, and the store never holds the object
+// without the version its watch would resume from. The zero Resume
+// records nothing.
+type Resume struct {
+	Resource, Version string
+}
+
+func (r Resume) record(tx *bolt.Tx) error {
+	if r.Resource == "" || r.Version == "" {
+		return nil
+	}
+	return tx.Bucket(bucketMeta).Put([]byte(resumePrefix+r.Resource), []byte(r.Version))
+}
+
+// PutResumed is Put, recording r in the same transaction (also when the
+// stored value is already identical). On an error neither is written.
+func (c Collection[T, P]) PutResumed(src Source, obj P, r Resume) error {
+	_, err := c.put(src, obj, r)
+	return err
+}
+
+func (c Collection[T, P]) put(src Source, obj P, r Resume) (bool, error) {
 	key := Key(obj.GetNamespace(), obj.GetName())
 	val, err := encodeRecord(src, obj)
 	if err != nil {
@@ -130,7 +153,7 @@ func (c Collection[T, P]) put(src Source, obj P) (bool, error) {
 		old := b.Get([]byte(key))
 		if old != nil {
 			if bytes.Equal(old, val) {
-				return nil
+				return r.record(tx)
 			}
 			if oldSrc, err := recordSource(old); err == nil && oldSrc != src {
 				return fmt.Errorf("store %s %s from %s: %w (%s)", c.kind, key, src, ErrSourceConflict, oldSrc)
@@ -138,7 +161,10 @@ func (c Collection[T, P]) put(src Source, obj P) (bool, error) {
 		}
 		changed = true
 		c.s.addSrcKey(c.kind, src, key)
-		return b.Put([]byte(key), val)
+		if err := b.Put([]byte(key), val); err != nil {
+			return err
+		}
+		return r.record(tx)
 	})
 	if changed && err == nil {
 		c.s.notify(c.kind, key)
@@ -292,15 +318,24 @@ func (c Collection[T, P]) decode(k, v []byte) (Record[P], error) {
 
 // Delete removes namespace/name and reports whether it was there.
 func (c Collection[T, P]) Delete(namespace, name string) (bool, error) {
+	return c.DeleteResumed(namespace, name, Resume{})
+}
+
+// DeleteResumed is Delete, recording r in the same transaction (also when
+// namespace/name is not there). On an error neither is written.
+func (c Collection[T, P]) DeleteResumed(namespace, name string, r Resume) (bool, error) {
 	key := []byte(Key(namespace, name))
 	var found bool
 	err := c.s.batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(c.kind.bucket())
 		found = b.Get(key) != nil
 		if !found {
-			return nil
+			return r.record(tx)
 		}
-		return b.Delete(key)
+		if err := b.Delete(key); err != nil {
+			return err
+		}
+		return r.record(tx)
 	})
 	if found && err == nil {
 		c.s.notify(c.kind, string(key))

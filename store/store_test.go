@@ -476,3 +476,52 @@ func TestLoneWriteCommitsAtOnce(t *testing.T) {
 		t.Errorf("%d commits for the held write and the two that came meanwhile, want 2 (theirs shared)", got)
 	}
 }
+
+// PutResumed and DeleteResumed write the object and the watch's resume
+// version in one commit, and neither when the write is refused.
+func TestPutAndDeleteResumedAreOneCommit(t *testing.T) {
+	s := openTemp(t)
+	rv := func() string {
+		t.Helper()
+		v, err := s.ResumeVersion("pods")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	step := func(what string, f func() error, wantRV string) {
+		t.Helper()
+		before := s.writes.commits.Load()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if n := s.writes.commits.Load() - before; n != 1 {
+			t.Fatalf("%s: %d commits, want 1", what, n)
+		}
+		if got := rv(); got != wantRV {
+			t.Fatalf("%s: resume version %q, want %q", what, got, wantRV)
+		}
+	}
+	p := pod("default", "web", "a")
+	step("put", func() error { return s.Pods().PutResumed(SourceAPI, p, Resume{Resource: "pods", Version: "5"}) }, "5")
+	step("same put", func() error { return s.Pods().PutResumed(SourceAPI, p, Resume{Resource: "pods", Version: "6"}) }, "6")
+	step("delete", func() error {
+		_, err := s.Pods().DeleteResumed("default", "web", Resume{Resource: "pods", Version: "7"})
+		return err
+	}, "7")
+	if _, found, _ := s.Pods().Get("default", "web"); found {
+		t.Fatal("deleted pod still stored")
+	}
+
+	static := pod("default", "static", "b")
+	if err := s.Pods().Put(SourceStatic, static); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pods().PutResumed(SourceAPI, pod("default", "static", "c"), Resume{Resource: "pods", Version: "8"}); !errors.Is(err, ErrSourceConflict) {
+		t.Fatalf("put over a static pod: %v, want ErrSourceConflict", err)
+	}
+	if got := rv(); got != "7" {
+		t.Fatalf("refused put recorded resume version %q", got)
+	}
+	step("zero resume", func() error { return s.Pods().PutResumed(SourceAPI, pod("default", "other", "d"), Resume{}) }, "7")
+}

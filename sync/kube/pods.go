@@ -140,20 +140,26 @@ func (p *podSync) event(typ watch.EventType, obj runtime.Object) (bool, error) {
 		return false, nil
 	}
 	s := p.s
+	// A change is stored with the event's resourceVersion, in one commit;
+	// progress then finds it persisted.
+	resume := store.Resume{Resource: podsResource, Version: pod.ResourceVersion}
 	var changed bool
 	var err error
 	switch typ {
 	case watch.Added, watch.Modified:
-		changed, err = putIfChanged(s.deps.Store.Pods(), stripPod(pod))
+		changed, err = putIfChanged(s.deps.Store.Pods(), stripPod(pod), resume)
 		if errors.Is(err, store.ErrSourceConflict) {
 			s.log.Warn("api pod not stored: a pod of another source has its name", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 			return false, nil
 		}
 	case watch.Deleted:
-		changed, err = deleteIfAPI(s.deps.Store.Pods(), pod.Namespace, pod.Name, pod.UID)
+		changed, err = deleteIfAPI(s.deps.Store.Pods(), pod.Namespace, pod.Name, pod.UID, resume)
 	}
 	if err != nil {
 		return false, fmt.Errorf("store pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if changed && resume.Version != "" {
+		p.persisted, p.persistedAt = resume.Version, s.deps.Clock.Now()
 	}
 	s.log.Debug("pod event", "event", string(typ), "pod", pod.Namespace+"/"+pod.Name,
 		"resourceVersion", pod.ResourceVersion, "changed", changed)
@@ -209,17 +215,18 @@ type storedObject[T any] interface {
 	GetUID() types.UID
 }
 
-// putIfChanged stores obj as SourceAPI unless the store already holds it
+// putIfChanged stores obj as SourceAPI, with resume (zero: none) in the
+// same commit, unless the store already holds it
 // as such, and reports whether it wrote. Looking first costs a read; a
 // write that changes nothing would still commit a transaction and fsync.
-func putIfChanged[T any, P storedObject[T]](c store.Collection[T, P], obj P) (bool, error) {
+func putIfChanged[T any, P storedObject[T]](c store.Collection[T, P], obj P, resume store.Resume) (bool, error) {
 	rec, found, err := c.Get(obj.GetNamespace(), obj.GetName())
 	if err == nil && found && rec.Source == store.SourceAPI {
 		if same, err := sameEncoding(rec.Object, obj); err == nil && same {
 			return false, nil
 		}
 	}
-	if err := c.Put(store.SourceAPI, obj); err != nil {
+	if err := c.PutResumed(store.SourceAPI, obj, resume); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -241,12 +248,12 @@ func sameEncoding(a, b store.Object) (bool, error) {
 // deleteIfAPI deletes namespace/name when the store holds it from the API
 // server (with uid, unless uid is empty), and reports whether it did. An
 // object of another source of the same name is never removed.
-func deleteIfAPI[T any, P storedObject[T]](c store.Collection[T, P], namespace, name string, uid types.UID) (bool, error) {
+func deleteIfAPI[T any, P storedObject[T]](c store.Collection[T, P], namespace, name string, uid types.UID, resume store.Resume) (bool, error) {
 	rec, found, err := c.Get(namespace, name)
 	if err != nil || !found || rec.Source != store.SourceAPI || (uid != "" && rec.Object.GetUID() != uid) {
 		return false, err
 	}
-	return c.Delete(namespace, name)
+	return c.DeleteResumed(namespace, name, resume)
 }
 
 // splitConflicts separates the source conflicts a Replace reports from

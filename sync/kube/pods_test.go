@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/promtext"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -913,5 +915,62 @@ func (a *pwFakeAPI) wantRequests(t *testing.T, want ...string) {
 	defer a.mu.Unlock()
 	if !reflect.DeepEqual(a.reqs, want) {
 		t.Fatalf("requests %q, want %q", a.reqs, want)
+	}
+}
+
+// pwCommits returns the store's committed write transactions so far, as
+// its metrics give them.
+func pwCommits(t *testing.T, st *store.Store) int {
+	t.Helper()
+	var b bytes.Buffer
+	p := promtext.New(&b)
+	st.WriteMetrics(p)
+	p.Flush()
+	for _, line := range strings.Split(b.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, "outpost_store_commits_total "); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no outpost_store_commits_total in %q", b.String())
+	return 0
+}
+
+// A watch event that changes a stored pod costs one commit: the pod and
+// the event's resourceVersion, which progress then finds persisted. An
+// event that changes nothing writes nothing.
+func TestPodsEventIsOneCommit(t *testing.T) {
+	s, st, _ := pwUnitSyncer(t)
+	p := &podSync{s: s}
+	step := func(typ watch.EventType, pod *corev1.Pod, wantCommits int) {
+		t.Helper()
+		before := pwCommits(t, st)
+		changed, err := p.event(typ, pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.progress(pod.ResourceVersion, changed)
+		if got := pwCommits(t, st) - before; got != wantCommits {
+			t.Fatalf("%s %s at %s: %d commits, want %d", typ, pod.Name, pod.ResourceVersion, got, wantCommits)
+		}
+		if rv, err := st.ResumeVersion(podsResource); err != nil || (wantCommits > 0 && rv != pod.ResourceVersion) {
+			t.Fatalf("%s %s: resume version %q, %v; want %q", typ, pod.Name, rv, err, pod.ResourceVersion)
+		}
+	}
+	a := pwPod("a", "ua", "n1")
+	a.ResourceVersion = "20"
+	step(watch.Added, a, 1)
+	same := a.DeepCopy()
+	same.ResourceVersion = "21"
+	same.Status.Phase = corev1.PodRunning // status only: the stored pod is unchanged
+	step(watch.Modified, same, 0)
+	gone := a.DeepCopy()
+	gone.ResourceVersion = "22"
+	step(watch.Deleted, gone, 1)
+	if _, found, _ := st.Pods().Get("default", "a"); found {
+		t.Fatal("deleted pod still stored")
 	}
 }

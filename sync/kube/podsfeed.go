@@ -166,13 +166,13 @@ func (f *PodsFeed) event(typ watch.EventType, obj runtime.Object) (bool, error) 
 	var err error
 	switch typ {
 	case watch.Added, watch.Modified:
-		changed, err = putIfChanged(st.Pods(), stripPod(pod))
+		changed, err = putIfChanged(st.Pods(), stripPod(pod), store.Resume{})
 		if errors.Is(err, store.ErrSourceConflict) {
 			f.s.log.Warn("api pod not stored: a pod of another source has its name", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 			return false, nil
 		}
 	case watch.Deleted:
-		changed, err = deleteIfAPI(st.Pods(), pod.Namespace, pod.Name, pod.UID)
+		changed, err = deleteIfAPI(st.Pods(), pod.Namespace, pod.Name, pod.UID, store.Resume{})
 	}
 	if err != nil {
 		// Not the watch's fault (the node may have been removed and its

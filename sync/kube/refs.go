@@ -215,9 +215,9 @@ func (s *Syncer) dropRef(r podRef) {
 	var gone bool
 	switch r.kind {
 	case refConfigMap:
-		gone, err = deleteIfAPI(s.deps.Store.ConfigMaps(), r.namespace, r.name, "")
+		gone, err = deleteIfAPI(s.deps.Store.ConfigMaps(), r.namespace, r.name, "", store.Resume{})
 	case refSecret:
-		gone, err = deleteIfAPI(s.deps.Store.Secrets(), r.namespace, r.name, "")
+		gone, err = deleteIfAPI(s.deps.Store.Secrets(), r.namespace, r.name, "", store.Resume{})
 	}
 	if err != nil {
 		s.log.Warn("remove unreferenced object from the store", "object", r.String(), "err", err)
@@ -266,7 +266,7 @@ func refListWatch[T any, P refObject[T]](s *Syncer, r podRef, c store.Collection
 		if o.GetNamespace() != r.namespace || o.GetName() != r.name {
 			return false, nil
 		}
-		changed, err := putIfChanged(c, stripMeta(o).(P))
+		changed, err := putIfChanged(c, stripMeta(o).(P), store.Resume{})
 		if errors.Is(err, store.ErrSourceConflict) {
 			s.log.Warn("api object not stored: an object of another source has its name", "object", r.String(), "err", err)
 			return false, nil
@@ -277,7 +277,7 @@ func refListWatch[T any, P refObject[T]](s *Syncer, r podRef, c store.Collection
 		return changed, nil
 	}
 	drop := func(uid types.UID) (bool, error) {
-		gone, err := deleteIfAPI(c, r.namespace, r.name, uid)
+		gone, err := deleteIfAPI(c, r.namespace, r.name, uid, store.Resume{})
 		if err != nil {
 			return false, fmt.Errorf("remove %s from the store: %w", r, err)
 		}

@@ -185,21 +185,27 @@ func (w *clusterSync[T, P]) event(typ watch.EventType, obj runtime.Object) (bool
 	}
 	s := w.s
 	key := o.GetNamespace() + "/" + o.GetName()
+	// A change is stored with the event's resourceVersion, in one commit;
+	// progress then finds it persisted.
+	resume := store.Resume{Resource: w.kind.resource, Version: o.GetResourceVersion()}
 	var changed bool
 	var err error
 	switch typ {
 	case watch.Added, watch.Modified:
 		// A copy: watchOnce reads the event's resourceVersion after.
-		changed, err = putIfChanged(w.c, stripMeta(o).(P))
+		changed, err = putIfChanged(w.c, stripMeta(o).(P), resume)
 		if errors.Is(err, store.ErrSourceConflict) {
 			s.log.Warn("api "+w.kind.noun+" not stored: a "+w.kind.noun+" of another source has its name", w.kind.logKey, key, "err", err)
 			return false, nil
 		}
 	case watch.Deleted:
-		changed, err = deleteIfAPI(w.c, o.GetNamespace(), o.GetName(), o.GetUID())
+		changed, err = deleteIfAPI(w.c, o.GetNamespace(), o.GetName(), o.GetUID(), resume)
 	}
 	if err != nil {
 		return false, fmt.Errorf("store %s %s: %w", w.kind.noun, key, err)
+	}
+	if changed && resume.Version != "" {
+		w.persisted, w.persistedAt = resume.Version, s.deps.Clock.Now()
 	}
 	s.log.Debug(w.kind.noun+" event", "event", string(typ), w.kind.logKey, key,
 		"resourceVersion", o.GetResourceVersion(), "changed", changed)
