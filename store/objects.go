@@ -130,7 +130,7 @@ func (r Resume) record(tx *bolt.Tx) error {
 	if r.Resource == "" || r.Version == "" {
 		return nil
 	}
-	return tx.Bucket(bucketMeta).Put([]byte(resumePrefix+r.Resource), []byte(r.Version))
+	return putResumeVersion(tx, r.Resource, r.Version)
 }
 
 // PutResumed is Put, recording r in the same transaction (also when the

@@ -366,9 +366,12 @@ func (s *Store) ResumeVersion(resource string) (string, error) {
 
 // SetResumeVersion records the resourceVersion a watch of resource reached.
 func (s *Store) SetResumeVersion(resource, version string) error {
-	return s.batch(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put([]byte(resumePrefix+resource), []byte(version))
-	})
+	return s.batch(func(tx *bolt.Tx) error { return putResumeVersion(tx, resource, version) })
+}
+
+// putResumeVersion writes the resume version of resource in tx.
+func putResumeVersion(tx *bolt.Tx, resource, version string) error {
+	return tx.Bucket(bucketMeta).Put([]byte(resumePrefix+resource), []byte(version))
 }
 
 // batch runs fn in a write transaction, gathered with the writes of
