@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,10 +209,12 @@ func TestTrimEndsIdleThreads(t *testing.T) {
 func TestRunSetsTheIdleGCPercent(t *testing.T) {
 	old := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(old)
+	// Read GOGC without setting it: a read that sets and restores it
+	// could restore the old value over the one Run sets in between.
 	gcPercent := func() int {
-		p := debug.SetGCPercent(-1)
-		debug.SetGCPercent(p)
-		return p
+		s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+		metrics.Read(s)
+		return int(s[0].Value.Uint64())
 	}
 	clk := clocktest.New(time.Unix(0, 0))
 	changes := make(chan struct{})
