@@ -140,17 +140,24 @@ func (m *podManager) restarted(c Container) bool {
 // run keeps a worker per desired pod until ctx ends, then waits for them.
 func (m *podManager) run(ctx context.Context) {
 	m.started = m.clock.Now()
-	changes, cancel := m.store.Subscribe(store.KindPod, store.KindConfigMap, store.KindSecret)
-	defer cancel()
+	// Pods and the objects their volumes and env refer to are watched
+	// apart: a pod's change wakes only that pod's worker, and a config
+	// map's or secret's wakes every worker.
+	pods, cancelPods := m.store.Subscribe(store.KindPod)
+	defer cancelPods()
+	refs, cancelRefs := m.store.Subscribe(store.KindConfigMap, store.KindSecret)
+	defer cancelRefs()
 	exits := m.rt.Exits(ctx)
-	m.syncDesired(ctx, true)
+	m.syncDesired(ctx, true, false)
 	for {
 		select {
 		case <-ctx.Done():
 			m.wg.Wait()
 			return
-		case <-changes:
-			m.syncDesired(ctx, false)
+		case <-pods:
+			m.syncDesired(ctx, false, false)
+		case <-refs:
+			m.syncDesired(ctx, false, true)
 		case id, ok := <-exits:
 			if !ok {
 				exits = nil
@@ -165,10 +172,15 @@ func (m *podManager) run(ctx context.Context) {
 	}
 }
 
-// syncDesired hands every worker its newest pod, starts workers for new
-// pods and tells workers of removed pods to clean up. At start it also
-// finds containers of pods the store no longer has.
-func (m *podManager) syncDesired(ctx context.Context, first bool) {
+// syncDesired hands every worker whose pod changed its newest pod, starts
+// workers for new pods and tells workers of removed pods to clean up;
+// wakeAll wakes the workers of unchanged pods too (a config map or secret
+// changed). At start it also finds containers of pods the store no longer
+// has. A worker woken syncs its pod with containerd, a list and a task
+// state per container, so an unchanged pod's is not woken by another
+// pod's change: 30 pods created one after another would cost 30 × 30
+// syncs.
+func (m *podManager) syncDesired(ctx context.Context, first, wakeAll bool) {
 	recs, err := m.store.Pods().List()
 	if err != nil {
 		m.log.Error("read desired pods", "err", err)
@@ -186,8 +198,8 @@ func (m *podManager) syncDesired(ctx context.Context, first bool) {
 			w.mu.Unlock()
 			if !same {
 				w.update(p)
-			} else {
-				w.poke() // a config map or secret may have changed
+			} else if wakeAll {
+				w.poke()
 			}
 			continue
 		}

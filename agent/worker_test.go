@@ -862,6 +862,50 @@ func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
 	}
 }
 
+// Every pod's change woke every worker, and a woken worker syncs its pod
+// with containerd (a list, a task state per container, its content
+// volumes written again): 30 pods created one after another cost 30 × 30
+// syncs, which slowed the last pods' starts. Now another pod's change
+// wakes no worker; a config map's still wakes them all.
+func TestAnotherPodsChangeWakesNoWorker(t *testing.T) {
+	h := newHarness(t)
+	var mu sync.Mutex
+	refreshed := map[string]int{} // syncs of the running pod, by name
+	h.refresh = func(_ context.Context, pod *corev1.Pod, _ string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		refreshed[pod.Name]++
+		return nil
+	}
+	count := func(name string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return refreshed[name]
+	}
+	first := newPod("first", corev1.RestartPolicyAlways, ctr("app"))
+	first.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}}}
+	h.put(first)
+	h.start()
+	h.synced(0, "first running", func() bool { return h.phase(first) == corev1.PodRunning })
+	before := count("first")
+
+	for i := range 3 {
+		p := newPod(fmt.Sprintf("next-%d", i), corev1.RestartPolicyAlways, ctr("app"))
+		h.put(p)
+		h.eventually(p.Name+" running", func() bool { return h.phase(p) == corev1.PodRunning })
+	}
+	if n := count("first") - before; n != 0 {
+		t.Fatalf("the first pod synced %d times while 3 others were created, want 0", n)
+	}
+
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "app"}, Data: map[string]string{"k": "v"}}
+	if err := h.st.ConfigMaps().Put(store.SourceStatic, cm); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the first pod synced after the config map changed", func() bool { return count("first") > before })
+}
+
 // A failing postStart hook kills the container, records FailedPostStartHook
 // and the restart policy brings it back after the backoff; a succeeding
 // hook leaves it running.
