@@ -65,7 +65,8 @@ const (
 // containerd's (the daemon and its shims): RSS and anonymous memory (PSS
 // for containerd's, whose shims share pages), and the working set (Referenced in smaps_rollup 60 s after writing 1 to
 // clear_refs), then their CPU over 5 minutes (BENCH_PEERS_IDLE=DURATION
-// for another window). Last, the 30 pods are deleted and 30 others
+// for another window); BENCH_PEERS_SMAPS=FILE keeps the (first) agent's
+// /proc/PID/smaps as it was when its memory was read. Last, the 30 pods are deleted and 30 others
 // created at 5 a second, timed the same way. One iteration is the whole
 // run: -benchtime 1x.
 func BenchmarkPeersPods(b *testing.B) {
@@ -130,6 +131,17 @@ func BenchmarkPeersPods(b *testing.B) {
 		b.ReportMetric(anon, prefix+"-anon-MiB")
 	}
 	mem(agents, "agent")
+	if keep := os.Getenv("BENCH_PEERS_SMAPS"); keep != "" {
+		// The agent's mappings as they were read, to see what its
+		// anonymous memory is (heap arenas, stacks, the binary's data).
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", agents[0]))
+		if err == nil {
+			err = os.WriteFile(keep, data, 0o644)
+		}
+		if err != nil {
+			b.Fatalf("BENCH_PEERS_SMAPS: %v", err)
+		}
+	}
 	// The shims share their binary's pages, so summed RSS counts them
 	// once per shim, which would favour outpost's few grouped shims over
 	// kubelet's one per pod: the runtime's memory is summed as PSS.
