@@ -174,13 +174,12 @@ func (m *podManager) run(ctx context.Context) {
 
 // syncDesired hands every worker whose pod changed its newest pod, starts
 // workers for new pods and tells workers of removed pods to clean up;
-// wakeAll wakes the workers of unchanged pods too (a config map or secret
-// changed). At start it also finds containers of pods the store no longer
-// has. A worker woken syncs its pod with containerd, a list and a task
-// state per container, so an unchanged pod's is not woken by another
-// pod's change: 30 pods created one after another would cost 30 × 30
-// syncs.
-func (m *podManager) syncDesired(ctx context.Context, first, wakeAll bool) {
+// with refsChanged (a config map or secret changed) it wakes the workers
+// of unchanged pods too. At start it also finds containers of pods the
+// store no longer has. A woken worker syncs its pod with containerd (a
+// list, a task state per container), so another pod's change wakes no
+// worker: 30 pods created one after another would cost 30 × 30 syncs.
+func (m *podManager) syncDesired(ctx context.Context, first, refsChanged bool) {
 	recs, err := m.store.Pods().List()
 	if err != nil {
 		m.log.Error("read desired pods", "err", err)
@@ -198,7 +197,7 @@ func (m *podManager) syncDesired(ctx context.Context, first, wakeAll bool) {
 			w.mu.Unlock()
 			if !same {
 				w.update(p)
-			} else if wakeAll {
+			} else if refsChanged {
 				w.poke()
 			}
 			continue
