@@ -822,11 +822,9 @@ func TestPodAddedBackWhileBeingRemovedRunsAgain(t *testing.T) {
 	h.eventually("app created and running again", func() bool { return h.count("create ") == 2 && h.running(id(p, "app", 0)) })
 }
 
-// An edited config map never reached a running container: volumes were
-// written only when a container started. Now a store change refreshes the
-// content volumes of a running pod, and of no other.
-func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
-	h := newHarness(t)
+// countRefreshes makes the manager's RefreshVolumes count its calls by
+// pod name (set before start) and returns the count of a pod.
+func (h *harness) countRefreshes() func(name string) int {
 	var mu sync.Mutex
 	refreshed := map[string]int{}
 	h.refresh = func(_ context.Context, pod *corev1.Pod, _ string) error {
@@ -835,14 +833,28 @@ func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
 		refreshed[pod.Name]++
 		return nil
 	}
-	count := func(name string) int {
+	return func(name string) int {
 		mu.Lock()
 		defer mu.Unlock()
 		return refreshed[name]
 	}
-	withCM := newPod("conf", corev1.RestartPolicyAlways, ctr("app"))
-	withCM.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{
-		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}}}
+}
+
+// podWithConfigMap is a pod whose volume is config map cm.
+func podWithConfigMap(name, cm string) *corev1.Pod {
+	p := newPod(name, corev1.RestartPolicyAlways, ctr("app"))
+	p.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm}}}}}
+	return p
+}
+
+// An edited config map never reached a running container: volumes were
+// written only when a container started. Now a store change refreshes the
+// content volumes of a running pod, and of no other.
+func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
+	h := newHarness(t)
+	count := h.countRefreshes()
+	withCM := podWithConfigMap("conf", "app")
 	plain := newPod("plain", corev1.RestartPolicyAlways, ctr("app"))
 	h.put(withCM, plain)
 	h.start()
@@ -869,22 +881,8 @@ func TestConfigMapEditRefreshesVolumesOfRunningPod(t *testing.T) {
 // wakes no worker; a config map's still wakes them all.
 func TestAnotherPodsChangeWakesNoWorker(t *testing.T) {
 	h := newHarness(t)
-	var mu sync.Mutex
-	refreshed := map[string]int{} // syncs of the running pod, by name
-	h.refresh = func(_ context.Context, pod *corev1.Pod, _ string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		refreshed[pod.Name]++
-		return nil
-	}
-	count := func(name string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return refreshed[name]
-	}
-	first := newPod("first", corev1.RestartPolicyAlways, ctr("app"))
-	first.Spec.Volumes = []corev1.Volume{{Name: "cfg", VolumeSource: corev1.VolumeSource{
-		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}}}
+	count := h.countRefreshes() // syncs of the running pod, by name
+	first := podWithConfigMap("first", "app")
 	h.put(first)
 	h.start()
 	h.synced(0, "first running", func() bool { return h.phase(first) == corev1.PodRunning })
