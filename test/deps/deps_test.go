@@ -310,3 +310,14 @@ func TestOnlyTestsImportTestSupport(t *testing.T) {
 		}
 	}
 }
+
+// TestShimStartLinksOnlyTheStandardLibrary keeps the shim start binary
+// small: containerd runs it for every task it creates, and its reason to
+// exist is to start faster than containerd-shim-runc-v2.
+func TestShimStartLinksOnlyTheStandardLibrary(t *testing.T) {
+	for _, p := range goList(t, "linux", "arm64", "./cmd/containerd-shim-outpost-v2") {
+		if !p.standard && p.path != own("cmd/containerd-shim-outpost-v2") {
+			t.Errorf("cmd/containerd-shim-outpost-v2 links %s", p.path)
+		}
+	}
+}
