@@ -69,7 +69,11 @@ type Config struct {
 	FIFODir string
 	// ShimGroups is how many shims the pods share (see shimGroup).
 	ShimGroups int
-	Log        crilog.Options
+	// ShimStart is the runtime binary containerd runs to start a task's
+	// shim (cmd/containerd-shim-outpost-v2, an absolute path); empty
+	// leaves it to the container's runtime, containerd-shim-runc-v2.
+	ShimStart string
+	Log       crilog.Options
 }
 
 // Deps are the adapter's collaborators.
@@ -536,7 +540,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	creator := streamCreator(r.poll, r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
-	task, err := c.NewTask(ctx, creator)
+	var taskOpts []containerd.NewTaskOpts
+	if r.cfg.ShimStart != "" {
+		taskOpts = append(taskOpts, containerd.WithRuntimePath(r.cfg.ShimStart))
+	}
+	task, err := c.NewTask(ctx, creator, taskOpts...)
 	if errdefs.IsAlreadyExists(err) {
 		// An agent killed while containerd created the task can leave
 		// it in containerd's task list with no process behind it:
@@ -546,7 +554,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		if derr := r.deleteTask(ctx, id); derr != nil {
 			err = fmt.Errorf("%w; deleting it: %v", err, derr)
 		} else {
-			task, err = c.NewTask(ctx, creator)
+			task, err = c.NewTask(ctx, creator, taskOpts...)
 		}
 	}
 	unlock()

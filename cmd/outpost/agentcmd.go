@@ -302,7 +302,7 @@ func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rt, err := ctrd.New(cctx, ctrd.Config{
 			Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
-			FIFODir: filepath.Join(cfg.RunDir, "fifo"), ShimGroups: cfg.Containerd.ShimGroups,
+			FIFODir: filepath.Join(cfg.RunDir, "fifo"), ShimGroups: cfg.Containerd.ShimGroups, ShimStart: shimStart(log),
 			Log: crilog.Options{MaxBytes: cfg.ContainerLogMaxBytes(), MaxFiles: cfg.ContainerLogMaxFiles},
 		}, ctrd.Deps{Clock: clk, Log: log})
 		cancel()
@@ -351,4 +351,24 @@ func memTotal() int64 {
 		return 0
 	}
 	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// shimStartBinary is the runtime binary outpost hands containerd for its
+// tasks when it is installed beside outpost (cmd/containerd-shim-outpost-v2).
+const shimStartBinary = "containerd-shim-outpost-v2"
+
+// shimStart returns the path of shimStartBinary beside this executable,
+// or "" when it is not there: then containerd starts tasks with the
+// runc shim alone, only slower.
+func shimStart(log *slog.Logger) string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(self), shimStartBinary)
+	if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		log.Debug("no shim start binary beside outpost; tasks start through the runc shim", "path", p)
+		return ""
+	}
+	return p
 }

@@ -43,6 +43,16 @@ func TestMain(m *testing.M) {
 				fmt.Fprintln(os.Stderr, "build outpost:", err)
 				return 1
 			}
+			// The shim start binary beside outpost, as the packages
+			// install it, so the agent hands it to containerd.
+			build = exec.Command("go", "build", "-o", filepath.Join(dir, "containerd-shim-outpost-v2"), "./cmd/containerd-shim-outpost-v2")
+			build.Dir = "../.."
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			build.Stdout, build.Stderr = os.Stderr, os.Stderr
+			if err := build.Run(); err != nil {
+				fmt.Fprintln(os.Stderr, "build containerd-shim-outpost-v2:", err)
+				return 1
+			}
 			echoDir := filepath.Join(dir, "echo")
 			echoBin = filepath.Join(echoDir, "echo")
 			build = exec.Command("go", "build", "-o", echoBin, "./test/e2e/echo")

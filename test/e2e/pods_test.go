@@ -81,6 +81,7 @@ func TestE2EStaticPodLifecycle(t *testing.T) {
 	if err != nil || !strings.Contains(out, "hello from outpost") {
 		t.Fatalf("fetch from pod IP: %v: %q", err, out)
 	}
+	n.checkShimStart(t)
 
 	n.waitPod("crash-e2e-life", 60*time.Second, "restarted and backing off", func(p *agent.PodInfo) bool {
 		c := p.Status.ContainerStatuses[0]
@@ -222,5 +223,24 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 	out, err := n.fetch("http://" + ip + ":8080/")
 	if err != nil || !strings.Contains(out, "hello from outpost") {
 		t.Fatalf("fetch after power cut: %v: %q", err, out)
+	}
+}
+
+// checkShimStart checks that containerd started the node's running tasks
+// with the shim start binary beside outpost (TestMain builds it there, as
+// the packages install it): containerd 1.6 and later record a task's
+// runtime binary in its bundle.
+func (n *node) checkShimStart(t *testing.T) {
+	t.Helper()
+	want := filepath.Join(filepath.Dir(outpostBin), "containerd-shim-outpost-v2")
+	tasks := n.runningTasks(t)
+	if len(tasks) == 0 {
+		t.Fatal("no running task")
+	}
+	for id := range tasks {
+		got, err := os.ReadFile(filepath.Join(n.ctrd.State, "io.containerd.runtime.v2.task", n.ns, id, "shim-binary-path"))
+		if err != nil || string(got) != want {
+			t.Errorf("task %s: runtime binary %q (%v), want %s", id, got, err, want)
+		}
 	}
 }
