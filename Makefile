@@ -17,8 +17,13 @@ export OUTPOST_TOOLS ?= /var/cache/outpost-testenv
 
 .PHONY: build build-all packages test test-unit test-arm test-e2e testenv bench bench-fleet bench-peers soak demo lint clean conformance
 
+# SHIM is the shim start binary packaged beside outpost
+# (cmd/containerd-shim-outpost-v2).
+SHIM := containerd-shim-outpost-v2
+
 build:
 	CGO_ENABLED=0 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o bin/outpost ./cmd/outpost
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/$(SHIM) ./cmd/$(SHIM)
 
 build-all:
 	@mkdir -p $(DIST)
@@ -26,6 +31,7 @@ build-all:
 		os=$${p%/*}; arch=$${p#*/}; out=$(DIST)/outpost-$$os-$$arch; [ $$arch = arm ] && out=$$out-v7; \
 		echo "build $$out"; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch GOARM=7 $(GO) build -tags '$(BUILDTAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $$out ./cmd/outpost || exit 1; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch GOARM=7 $(GO) build -trimpath -ldflags '-s -w' -o $(DIST)/$(SHIM)$${out#$(DIST)/outpost} ./cmd/$(SHIM) || exit 1; \
 	done
 
 # packages builds .deb and .rpm packages of build-all's binaries with nfpm

@@ -62,6 +62,8 @@ scripts/testenv/build-tools.sh peers
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 CGO_ENABLED=0 "$GO" build -tags grpcnotrace -trimpath -ldflags '-s -w' -o "$tmp/outpost" ./cmd/outpost
+# The shim start binary beside the agent, as the packages install it.
+CGO_ENABLED=0 "$GO" build -trimpath -ldflags '-s -w' -o "$tmp/containerd-shim-outpost-v2" ./cmd/containerd-shim-outpost-v2
 "$GO" test -c -o "$tmp/e2e.test" ./test/e2e/
 out=${BENCH_PEERS_RAW:-dist/bench-peers.txt}
 mkdir -p "$(dirname "$out")"

@@ -25,6 +25,7 @@ SOCK=$B/containerd.sock
 NETNS=outpost-bench-$$
 NS=outpost-bench
 CGO_ENABLED=0 go build -tags "grpcnotrace ${BENCH_TAGS:-}" -trimpath -ldflags '-s -w' -o "$B/outpost" ./cmd/outpost
+CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$B/containerd-shim-outpost-v2" ./cmd/containerd-shim-outpost-v2
 ctrd_pid= agent= events_pid=
 kill_all() {
 	[[ -n $agent ]] && kill -9 "$agent" 2>/dev/null && wait "$agent" 2>/dev/null || true

@@ -112,6 +112,16 @@ for arch in amd64 "${ARCHES[@]}"; do
 	for w in "${want[@]}"; do
 		grep -qx $'\tbuild\t'"$w" <<<"$settings" || { echo "test-arm: $bin: not built with $w" >&2; status=1; }
 	done
+	shim=dist/containerd-shim-outpost-v2-${bin#dist/outpost-}
+	if [[ ! -x $shim ]]; then
+		echo "test-arm: no $shim: run make build-all" >&2
+		status=1
+	else
+		shimset=$("$GO" version -m "$shim")
+		for w in "CGO_ENABLED=0" "GOARCH=$arch"; do
+			grep -qx $'\tbuild\t'"$w" <<<"$shimset" || { echo "test-arm: $shim: not built with $w" >&2; status=1; }
+		done
+	fi
 	out=$("${run[@]}" "$bin" version) || { echo "test-arm: $bin version failed" >&2; status=1; }
 	sed 's/^/  /' <<<"$out"
 	grep -qx "platform: linux/$arch" <<<"$out" || { echo "test-arm: $bin version: want platform: linux/$arch" >&2; status=1; }

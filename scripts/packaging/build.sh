@@ -5,7 +5,8 @@
 #
 #   scripts/packaging/build.sh [DIST]
 #
-# DIST (default dist) holds outpost-linux-{arm64,arm-v7,amd64}; the
+# DIST (default dist) holds outpost-linux-{arm64,arm-v7,amd64} and
+# containerd-shim-outpost-v2-linux-{arm64,arm-v7,amd64}; the
 # packages are written there too, or to $OUT:
 #   outpost_<version>-1_{arm64,armhf,amd64}.deb
 #   outpost-<version>-1.{aarch64,armv7hl,x86_64}.rpm
@@ -95,11 +96,13 @@ for arch in $ARCHES; do
 	amd64) bin=outpost-linux-amd64 ;;
 	*) echo "packaging: unknown architecture $arch (arm64, arm7, amd64)" >&2; exit 2 ;;
 	esac
-	export OUTPOST_ARCH=$arch OUTPOST_BINARY=$DIST/$bin
-	if [[ ! -f $OUTPOST_BINARY ]]; then
-		echo "packaging: $OUTPOST_BINARY missing; run make build-all" >&2
-		exit 1
-	fi
+	export OUTPOST_ARCH=$arch OUTPOST_BINARY=$DIST/$bin OUTPOST_SHIM_BINARY=$DIST/containerd-shim-outpost-v2-${bin#outpost-}
+	for b in "$OUTPOST_BINARY" "$OUTPOST_SHIM_BINARY"; do
+		if [[ ! -f $b ]]; then
+			echo "packaging: $b missing; run make build-all" >&2
+			exit 1
+		fi
+	done
 	for format in $FORMATS; do
 		"$nfpm" package --config packaging/nfpm.yaml --packager "$format" --target "$OUT/" | sed 's/^/packaging: /'
 	done

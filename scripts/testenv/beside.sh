@@ -50,6 +50,7 @@ cleanup() {
 trap cleanup EXIT
 
 go build -o "$DIR/outpost" ./cmd/outpost
+CGO_ENABLED=0 go build -o "$DIR/containerd-shim-outpost-v2" ./cmd/containerd-shim-outpost-v2
 cat >"$DIR/containerd.toml" <<EOT
 version = 2
 root = "$DIR/containerd-root"

@@ -148,6 +148,7 @@ func lintianTag(line, kind string) (string, bool) {
 // (as `ls -l` shows them) and the deb and rpm paths of the unit.
 var wantFiles = map[string]string{
 	"/usr/bin/outpost":                            "-rwxr-xr-x",
+	"/usr/bin/containerd-shim-outpost-v2":         "-rwxr-xr-x",
 	"/etc/outpost/config.yaml":                    "-rw-r--r--",
 	"/etc/outpost/manifests":                      "drwxr-xr-x",
 	"/var/lib/outpost":                            "drwx------",
