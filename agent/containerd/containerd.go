@@ -23,6 +23,7 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/services/tasks/v1"
+	apitask "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -795,33 +796,48 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
 		}
 		ac := agent.Container{ID: c.ID(), Labels: info.Labels, CreatedAt: info.CreatedAt, State: agent.StateCreated}
-		task, terr := c.Task(ctx, nil)
+		if ac.Labels[labelFinishedAt] != "" {
+			// Its exit is recorded, which reap and the lost-task case
+			// below do only once the task is gone; and a container's task
+			// is never started again (a restart is a new container), so
+			// there is no task to ask about.
+			ac.State = agent.StateExited
+			fillTimes(&ac)
+			out = append(out, ac)
+			continue
+		}
+		// One Get through the task service gives the state; the client's
+		// Task and Status would ask the shim twice.
+		resp, terr := r.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: c.ID()})
+		if terr != nil {
+			terr = errgrpc.ToNative(terr)
+		}
 		switch {
 		case terr == nil:
-			st, err := task.Status(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
-			}
-			switch st.Status {
-			case containerd.Running, containerd.Paused, containerd.Pausing:
+			switch resp.GetProcess().GetStatus() {
+			case apitask.Status_RUNNING, apitask.Status_PAUSED, apitask.Status_PAUSING:
 				ac.State = agent.StateRunning
 				r.reattach(ctx, c, info.Labels)
-			case containerd.Stopped:
-				if err := r.reap(ctx, c, task); err != nil {
-					return nil, err
+			case apitask.Status_STOPPED:
+				task, err := c.Task(ctx, nil)
+				if err != nil && !errdefs.IsNotFound(err) {
+					return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
+				}
+				if err == nil {
+					if err := r.reap(ctx, c, task); err != nil {
+						return nil, err
+					}
 				}
 				info, _ = c.Info(ctx)
 				ac.Labels = info.Labels
 				ac.State = agent.StateExited
 			}
 		case errdefs.IsNotFound(terr):
-			if ac.Labels[agent.LabelStartedAt] != "" || ac.Labels[labelFinishedAt] != "" {
-				ac.State = agent.StateExited
-			}
-			if ac.Labels[agent.LabelStartedAt] != "" && ac.Labels[labelFinishedAt] == "" {
+			if ac.Labels[agent.LabelStartedAt] != "" {
 				// Started, and its task is gone with no exit recorded: it
 				// died with the node. Record that once, so the time it was
 				// found dead stays the same on every later look.
+				ac.State = agent.StateExited
 				lost := map[string]string{
 					labelExitCode: "255", labelReason: agent.ReasonLost,
 					labelFinishedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano),
