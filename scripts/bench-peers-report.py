@@ -98,6 +98,10 @@ def rows_from(runs):
     if any(rb.values()):
         rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["kubelet"], "kubelet"))
         rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["runc"], "bare runc (floor)"))
+    rc = {peer: runs.get((f"BenchmarkPeersReboot:{peer}", 0), {}).get("reboot-cpu-ms", []) for peer in ("outpost", "kubelet", "runc")}
+    if any(rc.values()):
+        rows.append(Row("offline reboot, 30 static pods: machine CPU", "ms", rc["outpost"], rc["kubelet"], "kubelet"))
+        rows.append(Row("offline reboot, 30 static pods: machine CPU", "ms", rc["outpost"], rc["runc"], "bare runc (floor)"))
     sizes = sorted(n for (b, n) in runs if b == "BenchmarkProxyVsKubeProxy")
     for n in sizes:
         m = runs[("BenchmarkProxyVsKubeProxy", n)]
@@ -212,7 +216,8 @@ How each row is measured:
   directory before it starts) on a node with no API server, then kills the agent, containerd, the shims and the
   containers at once and wipes containerd's state, runc's state and the network namespaces, as a reboot empties
   `/run`. containerd starts again, and the figure is from the node agent's start to the 30 files there again: outpost,
-  or kubelet standalone with the same pods as static manifests. The floor is bare `runc create` + `runc start` of the
+  or kubelet standalone with the same pods as static manifests; the machine CPU row is the CPU time all processes
+  spent in that window (`/proc/stat`). The floor is bare `runc create` + `runc start` of the
   same 30 containers, all at once, from bundles made beforehand (after one pass to warm the caches).
 - **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
   runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
