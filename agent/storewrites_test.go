@@ -82,9 +82,13 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 
 func (s *syncBuffer) count(sub string) int {
+	return strings.Count(s.String(), sub)
+}
+
+func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
+	return s.b.String()
 }
 
 // A full state file system is said in status and logged once, however
@@ -120,7 +124,7 @@ func TestRunSaysOnceThatTheStoreIsFull(t *testing.T) {
 	}
 	f.waitWaiters(t, 1, "the store check timer, after the last check")
 	if n := logs.count("store takes no writes"); n != 1 {
-		t.Errorf("%d warnings of a full store, want 1:\n%s", n, logs.b.String())
+		t.Errorf("%d warnings of a full store, want 1:\n%s", n, logs.String())
 	}
 	setAvail(1 << 30)
 	f.clock.Advance(storeCheckEvery)
@@ -128,8 +132,12 @@ func TestRunSaysOnceThatTheStoreIsFull(t *testing.T) {
 		w := f.agent.StoreWrites()
 		return w.Writable, w.Reason
 	})
+	// The agent says so in its status before it logs it.
+	watchWait.For(t, "the note that the store takes writes again", func() (bool, string) {
+		return logs.count("store takes writes again") > 0, logs.String()
+	})
 	if n := logs.count("store takes writes again"); n != 1 {
-		t.Errorf("%d notes of the store writable again, want 1:\n%s", n, logs.b.String())
+		t.Errorf("%d notes of the store writable again, want 1:\n%s", n, logs.String())
 	}
 	if w := f.agent.StoreWrites(); w.Since != f.clock.Now() {
 		t.Errorf("since %v, want the check's time %v", w.Since, f.clock.Now())
