@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -62,34 +61,14 @@ func BenchmarkPeersReboot(b *testing.B) {
 }
 
 // machineCPU is the CPU time all the machine's cores have spent busy
-// (user, nice, system, irq, softirq and steal in /proc/stat) since boot:
-// what a window costs the machine, whichever processes spent it, and
-// steadier from run to run than the window's length when the cores are
-// busy throughout.
+// since boot (benchHostCPU): what a window costs the machine, whichever
+// processes spent it, and steadier from run to run than the window's
+// length when the cores are busy throughout.
 func machineCPU(b *testing.B) time.Duration {
 	b.Helper()
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		b.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		b.Fatalf("/proc/stat: first line %q", line)
-	}
-	var ticks int64
-	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal
-		n, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * time.Second / userHZ
+	busy, _ := benchHostCPU(b)
+	return time.Duration(busy) * time.Second / benchClockTicks
 }
-
-// userHZ is the unit of /proc/stat's times (USER_HZ, 100 on Linux).
-const userHZ = 100
 
 // rebootPod is static pod i's manifest: it marks its start in /started.
 func rebootPod(i int) string {
