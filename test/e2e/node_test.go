@@ -36,32 +36,26 @@ func TestMain(m *testing.M) {
 			}
 			defer os.RemoveAll(dir)
 			outpostBin = filepath.Join(dir, "outpost")
-			build := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", outpostBin, "./cmd/outpost")
-			build.Dir = "../.."
-			build.Stdout, build.Stderr = os.Stderr, os.Stderr
-			if err := build.Run(); err != nil {
-				fmt.Fprintln(os.Stderr, "build outpost:", err)
-				return 1
-			}
-			// The shim start binary beside outpost, as the packages
-			// install it, so the agent hands it to containerd.
-			build = exec.Command("go", "build", "-o", filepath.Join(dir, "containerd-shim-outpost-v2"), "./cmd/containerd-shim-outpost-v2")
-			build.Dir = "../.."
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			build.Stdout, build.Stderr = os.Stderr, os.Stderr
-			if err := build.Run(); err != nil {
-				fmt.Fprintln(os.Stderr, "build containerd-shim-outpost-v2:", err)
-				return 1
-			}
-			echoDir := filepath.Join(dir, "echo")
-			echoBin = filepath.Join(echoDir, "echo")
-			build = exec.Command("go", "build", "-o", echoBin, "./test/e2e/echo")
-			build.Dir = "../.."
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			build.Stdout, build.Stderr = os.Stderr, os.Stderr
-			if err := build.Run(); err != nil {
-				fmt.Fprintln(os.Stderr, "build echo:", err)
-				return 1
+			echoBin = filepath.Join(dir, "echo", "echo")
+			for _, b := range []struct {
+				out, pkg string
+				env      []string
+				args     []string
+			}{
+				{outpostBin, "./cmd/outpost", nil, []string{"-tags", "grpcnotrace"}},
+				// The shim start binary beside outpost, as the packages
+				// install it, so the agent hands it to containerd.
+				{filepath.Join(dir, "containerd-shim-outpost-v2"), "./cmd/containerd-shim-outpost-v2", []string{"CGO_ENABLED=0"}, nil},
+				{echoBin, "./test/e2e/echo", []string{"CGO_ENABLED=0"}, nil},
+			} {
+				build := exec.Command("go", append(append([]string{"build"}, b.args...), "-o", b.out, b.pkg)...)
+				build.Dir = "../.."
+				build.Env = append(os.Environ(), b.env...)
+				build.Stdout, build.Stderr = os.Stderr, os.Stderr
+				if err := build.Run(); err != nil {
+					fmt.Fprintln(os.Stderr, "build", b.pkg+":", err)
+					return 1
+				}
 			}
 		}
 		code := m.Run()
