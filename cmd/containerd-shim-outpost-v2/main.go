@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -98,17 +99,7 @@ func parse(args []string) (map[string]string, string, bool) {
 		if len(a) < 2 || a[0] != '-' {
 			return flags, a, i == len(args)-1
 		}
-		name := a[1:]
-		if name[0] == '-' {
-			name = name[1:]
-		}
-		value, hasValue := "", false
-		for j := range len(name) {
-			if name[j] == '=' {
-				name, value, hasValue = name[:j], name[j+1:], true
-				break
-			}
-		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
 		switch name {
 		case "debug", "v":
 			flags[name] = "true"
