@@ -298,11 +298,12 @@ func notifyServiceManager(ctx context.Context, a *agent.Agent, clk clock.Clock, 
 // after the agent at boot) until ctx ends.
 func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log *slog.Logger) (*ctrd.Runtime, error) {
 	backoff := time.Second
+	shim := shimStart(log)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		rt, err := ctrd.New(cctx, ctrd.Config{
 			Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
-			FIFODir: filepath.Join(cfg.RunDir, "fifo"), ShimGroups: cfg.Containerd.ShimGroups, ShimStart: shimStart(log),
+			FIFODir: filepath.Join(cfg.RunDir, "fifo"), ShimGroups: cfg.Containerd.ShimGroups, ShimStart: shim,
 			Log: crilog.Options{MaxBytes: cfg.ContainerLogMaxBytes(), MaxFiles: cfg.ContainerLogMaxFiles},
 		}, ctrd.Deps{Clock: clk, Log: log})
 		cancel()
