@@ -247,11 +247,13 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 	}
 	initDone, initFailed, n := w.syncInit(ctx, pod, byName)
 	next = earliest(next, n)
+	started := false
 	if initFailed {
 		w.stopSidecars(ctx, pod, byName)
 		w.setState(LifecycleFailed)
 	} else if initDone {
-		n, terminal := w.syncContainers(ctx, pod, byName)
+		var terminal Lifecycle
+		n, terminal, started = w.syncContainers(ctx, pod, byName)
 		next = earliest(next, n)
 		if terminal != 0 {
 			w.stopSidecars(ctx, pod, byName)
@@ -262,13 +264,37 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 			w.refreshVolumes(ctx, pod)
 		}
 	}
-	// Re-read after the changes above so status shows them.
-	if cs, err := w.m.rt.List(ctx, w.uid); err == nil {
+	// Re-read after the changes above so status shows them, and start the
+	// probes of the containers this sync started.
+	cs, err = w.m.rt.List(ctx, w.uid)
+	if err == nil {
 		byName = groupAttempts(cs)
 		w.gc(ctx, byName)
 	}
+	if started && (err != nil || !w.probeStarted(ctx, pod, byName)) {
+		next = earliest(next, 50*time.Millisecond) // look again at once
+	}
 	w.report(pod, byName)
 	return next, false
+}
+
+// probeStarted starts the probes of the pod's running regular containers,
+// as syncContainers would at the next sync, and reports whether each
+// regular container that is not done has a running attempt.
+func (w *worker) probeStarted(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) bool {
+	all := true
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		a := byName[c.Name]
+		switch {
+		case len(a) > 0 && a[0].State == StateRunning:
+			w.ensureProbes(ctx, pod, c, a[0])
+		case len(a) > 0 && a[0].State == StateExited:
+		default:
+			all = false
+		}
+	}
+	return all
 }
 
 // The status reason and message of a pod stopped at its active deadline,
@@ -539,10 +565,10 @@ func earliest(a, b time.Duration) time.Duration {
 }
 
 // syncContainers starts, restarts and probes the regular containers. It
-// returns when to look again and, when no container will run again,
-// LifecycleSucceeded or LifecycleFailed.
-func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) (time.Duration, Lifecycle) {
-	next := time.Duration(0)
+// returns when to look again, when no container will run again
+// LifecycleSucceeded or LifecycleFailed, and whether it started one (whose
+// probes sync starts once it has read the container back).
+func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map[string]attempts) (next time.Duration, _ Lifecycle, started bool) {
 	allDone, anyFailed := true, false
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
@@ -567,8 +593,8 @@ func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map
 		allDone = false
 		n := w.startAttempt(ctx, pod, c, false, a)
 		if n == 0 {
-			// Started: look again at once to start its probes.
-			n = 50 * time.Millisecond
+			started = true
+			continue
 		}
 		if next == 0 || n < next {
 			next = n
@@ -576,11 +602,11 @@ func (w *worker) syncContainers(ctx context.Context, pod *corev1.Pod, byName map
 	}
 	if allDone {
 		if anyFailed {
-			return next, LifecycleFailed
+			return next, LifecycleFailed, started
 		}
-		return next, LifecycleSucceeded
+		return next, LifecycleSucceeded, started
 	}
-	return next, 0
+	return next, 0, started
 }
 
 func shouldRestart(policy corev1.RestartPolicy, exit int32) bool {

@@ -381,6 +381,26 @@ func TestPodContainersAreCreatedAndStartedOnce(t *testing.T) {
 	}
 }
 
+// TestProbesStartInTheSyncThatStartsTheContainer checks that the sync
+// that starts a container also starts its probes, once it has read the
+// container back running: the clock never moves here, so a worker that
+// left them to a later sync would leave the pod unready.
+func TestProbesStartInTheSyncThatStartsTheContainer(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("web", corev1.RestartPolicyAlways, ctr("app"))
+	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"check"}}},
+		PeriodSeconds: 10, TimeoutSeconds: 3600,
+	}
+	h.rt.SetExec(func(context.Context, string, []string) (int, []byte, error) { return 0, nil, nil })
+	h.put(p)
+	h.start()
+	h.synced(0, "web ready with the clock still", func() bool { return h.condition(p, corev1.PodReady) == corev1.ConditionTrue })
+	if n := h.count("create "); n != 1 {
+		t.Fatalf("%d creates, want 1: %q", n, h.rt.Calls())
+	}
+}
+
 // TestContainerSpecCarriesTTYAndStdin checks that a container's tty,
 // stdin and stdinOnce reach the runtime's spec, and that a container
 // without them asks for none.
