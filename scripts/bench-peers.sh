@@ -15,7 +15,8 @@
 #     then 30 others created at 5 a second: startup p50 and p99;
 #   - offline reboot of 30 static pods (BenchmarkPeersReboot): outpost, then
 #     kubelet standalone with the same pods as static manifests, against the
-#     floor, bare runc create + start of the same containers;
+#     floor, bare runc create + start of the same containers, and the floor
+#     on containerd, a bare client creating and starting them;
 #   - nftables at N Services × 5 endpoints: cold sync; add one Service;
 #     change one EndpointSlice; delete one Service (BenchmarkProxyVsKubeProxy:
 #     each run starts kube-proxy, then outpost's Table, on the same objects);
@@ -96,7 +97,7 @@ for r in $(seq 1 "$RUNS"); do
 	echo "bench-peers: run $r of $RUNS"
 	bench BenchmarkPeersPods BENCH_PEER=outpost "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
 	bench BenchmarkPeersPods BENCH_PEER=kubelet "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
-	for peer in runc outpost kubelet; do
+	for peer in runc containerd outpost kubelet; do
 		bench BenchmarkPeersReboot BENCH_PEER=$peer
 	done
 	bench BenchmarkProxyVsKubeProxy "OUTPOST_BENCH_PROXY_SIZES=$SIZES"

@@ -2,16 +2,22 @@ package e2e
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/outpost-edge/outpost/internal/waittest"
@@ -36,7 +42,8 @@ import (
 // private containerd with its CRI plugin and a CNI bridge; or runc, the
 // floor: the same 30 containers from bundles made beforehand, run with
 // bare `runc create` and `runc start`, all at once, timed from the first
-// create. One iteration is the whole run: -benchtime 1x.
+// create; or containerd, the floor of a node agent on containerd (see
+// rebootContainerd). One iteration is the whole run: -benchtime 1x.
 func BenchmarkPeersReboot(b *testing.B) {
 	env.RequireRoot(b)
 	peer := cmp.Or(os.Getenv("BENCH_PEER"), "outpost")
@@ -53,8 +60,10 @@ func BenchmarkPeersReboot(b *testing.B) {
 		took, cpu = rebootKubelet(b, started)
 	case "runc":
 		took, cpu = rebootFloor(b, started)
+	case "containerd":
+		took, cpu = rebootContainerd(b, started)
 	default:
-		b.Fatalf("BENCH_PEER=%q: want outpost, kubelet or runc", peer)
+		b.Fatalf("BENCH_PEER=%q: want outpost, kubelet, runc or containerd", peer)
 	}
 	b.ReportMetric(float64(took.Milliseconds()), "reboot-ms")
 	b.ReportMetric(float64(cpu.Milliseconds()), "reboot-cpu-ms")
@@ -190,6 +199,89 @@ func rebootKubelet(b *testing.B, started string) (took, cpu time.Duration) {
 	kn.start(b)
 	waitStarted(b, started, 3*time.Minute)
 	return time.Since(start), machineCPU(b) - cpu
+}
+
+// rebootContainerd is the floor of a node agent on containerd: after a
+// power cut, as for outpost, a bare client of containerd creates the 30
+// containers from the image (a snapshot each, the spec's options that
+// outpost's runtime gives them, in outpost's shim groups, with the
+// shim start binary beside the outpost under test when there is one)
+// and starts their tasks, all at once, one task create at a time in a
+// group as outpost's runtime does; no agent, no pod network, no logs
+// (the containers' output goes nowhere). Timed from the first create,
+// after one pass to warm the caches.
+func rebootContainerd(b *testing.B, started string) (took, cpu time.Duration) {
+	b.Helper()
+	ctrd := env.StartContainerd(b)
+	ns := fmt.Sprintf("outpost-bench-%d", time.Now().UnixNano()%1e9)
+	ctrd.ImportTestImage(b, ns)
+	var taskOpts []client.NewTaskOpts
+	if shim := filepath.Join(filepath.Dir(benchBin()), "containerd-shim-outpost-v2"); isFile(shim) {
+		taskOpts = append(taskOpts, client.WithRuntimePath(shim))
+	}
+	// outpost's shim groups (BENCH_SHIM_GROUPS, as for the agent; 0 is a
+	// shim per container).
+	groups, err := strconv.Atoi(cmp.Or(os.Getenv("BENCH_SHIM_GROUPS"), "4"))
+	if err != nil || groups <= 0 {
+		groups = peersPods
+	}
+	runAll := func(round int) (time.Duration, time.Duration) {
+		cl := ctrd.Client(b, ns)
+		ctx := namespaces.WithNamespace(context.Background(), ns)
+		img, err := cl.GetImage(ctx, env.TestImage)
+		if err != nil {
+			b.Fatal(err)
+		}
+		locks := make([]sync.Mutex, groups)
+		start, cpu := time.Now(), machineCPU(b)
+		var wg sync.WaitGroup
+		for i := range peersPods {
+			wg.Go(func() {
+				id := fmt.Sprintf("boot-%02d-%d", i, round)
+				group := fmt.Sprintf("outpost-%d", i%groups)
+				c, err := cl.NewContainer(ctx, id,
+					client.WithSnapshotter("overlayfs"),
+					client.WithNewSnapshot(id, img),
+					client.WithNewSpec(
+						oci.WithImageConfig(img),
+						oci.WithProcessArgs("sh", "-c", rebootScript(i)),
+						oci.WithMounts([]specs.Mount{{Destination: "/started", Type: "bind", Source: started, Options: []string{"rbind", "rw"}}}),
+						oci.WithCgroup(ctrd.CgroupParent+"/"+id),
+						oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": group}),
+					))
+				if err != nil {
+					b.Errorf("container %s: %v", id, err)
+					return
+				}
+				locks[i%groups].Lock()
+				task, err := c.NewTask(ctx, cio.NullIO, taskOpts...)
+				locks[i%groups].Unlock()
+				if err != nil {
+					b.Errorf("task %s: %v", id, err)
+					return
+				}
+				if err := task.Start(ctx); err != nil {
+					b.Errorf("start %s: %v", id, err)
+				}
+			})
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+		waitStarted(b, started, time.Minute)
+		return time.Since(start), machineCPU(b) - cpu
+	}
+	runAll(0)
+	clearStarted(b, started)
+	ctrd.PowerCut(b)
+	return runAll(1)
+}
+
+// isFile reports whether path names a regular file.
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // rebootFloor starts the 30 containers with bare runc from bundles
