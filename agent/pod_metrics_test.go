@@ -43,10 +43,7 @@ func (h *harness) podMetrics() (text string, syncs, seconds float64) {
 func TestPodMetrics(t *testing.T) {
 	h := newHarness(t)
 	web := newPod("web", corev1.RestartPolicyAlways, ctr("app"))
-	web.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"check"}}},
-		PeriodSeconds: 1, TimeoutSeconds: 3600,
-	}
+	web.Spec.Containers[0].ReadinessProbe = execReadiness(1)
 	job := newPod("job", corev1.RestartPolicyNever, ctr("run"))
 	h.rt.SetExec(func(context.Context, string, []string) (int, []byte, error) { return 0, nil, nil })
 	h.put(web, job)

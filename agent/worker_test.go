@@ -381,6 +381,16 @@ func TestPodContainersAreCreatedAndStartedOnce(t *testing.T) {
 	}
 }
 
+// execReadiness is a readiness probe every period seconds that execs
+// "check" in the container, which the fake runtime answers as its SetExec
+// says.
+func execReadiness(period int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"check"}}},
+		PeriodSeconds: period, TimeoutSeconds: 3600,
+	}
+}
+
 // TestProbesStartInTheSyncThatStartsTheContainer checks that the sync
 // that starts a container also starts its probes, once it has read the
 // container back running: the clock never moves here, so a worker that
@@ -388,10 +398,7 @@ func TestPodContainersAreCreatedAndStartedOnce(t *testing.T) {
 func TestProbesStartInTheSyncThatStartsTheContainer(t *testing.T) {
 	h := newHarness(t)
 	p := newPod("web", corev1.RestartPolicyAlways, ctr("app"))
-	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"check"}}},
-		PeriodSeconds: 10, TimeoutSeconds: 3600,
-	}
+	p.Spec.Containers[0].ReadinessProbe = execReadiness(10)
 	h.rt.SetExec(func(context.Context, string, []string) (int, []byte, error) { return 0, nil, nil })
 	h.put(p)
 	h.start()
