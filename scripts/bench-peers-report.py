@@ -224,7 +224,7 @@ How each row is measured:
   spent in that window (`/proc/stat`). The floor is bare `runc create` + `runc start` of the
   same 30 containers, all at once, from bundles made beforehand (after one pass to warm the caches). The floor on
   containerd is a bare client of the node's containerd that, after the same power cut, creates the 30 containers
-  from the image and starts their tasks, all at once, in outpost's 4 shim groups, with no pod network and no logs.
+  from the image and starts their tasks, all at once, in 4 shim groups as outpost's (spread evenly), with no pod network and no logs.
 - **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
   runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
   sync, then the partial syncs each change caused), then outpost's proxy (`netproxy/proxy`) on a store holding the

@@ -204,8 +204,9 @@ func rebootKubelet(b *testing.B, started string) (took, cpu time.Duration) {
 // rebootContainerd is the floor of a node agent on containerd: after a
 // power cut, as for outpost, a bare client of containerd creates the 30
 // containers from the image (a snapshot each, the spec's options that
-// outpost's runtime gives them, in outpost's shim groups, with the
-// shim start binary beside the outpost under test when there is one)
+// outpost's runtime gives them, in as many shim groups as outpost's,
+// spread evenly where outpost hashes pod UIDs, with the shim start
+// binary beside the outpost under test when there is one)
 // and starts their tasks, all at once, one task create at a time in a
 // group as outpost's runtime does; no agent, no pod network, no logs
 // (the containers' output goes nowhere). Timed from the first create,
