@@ -105,6 +105,10 @@ type Runtime struct {
 	// starting many containers of one image (a reboot) reads its config
 	// from the content store once.
 	images map[string]cachedImage
+	// looking holds the image lookups under way, by reference and pull
+	// policy: the pods that start at once after a reboot wait for the
+	// first one's instead of each asking containerd the same.
+	looking map[string]*imageLookup
 	// groups serialises task creation and deletion per shim group (see
 	// lockGroup).
 	groups map[string]*sync.Mutex
@@ -113,6 +117,15 @@ type Runtime struct {
 type cachedImage struct {
 	info agent.Image
 	img  containerd.Image
+}
+
+// imageLookup is one EnsureImage under way; done is closed once info and
+// err hold its result.
+type imageLookup struct {
+	done    chan struct{}
+	info    agent.Image
+	err     error
+	waiters int // callers that joined it, under Runtime.mu
 }
 
 func (r *Runtime) cached(name string) (cachedImage, bool) {
@@ -197,6 +210,8 @@ func NormalizeRef(ref string) (string, error) {
 }
 
 // EnsureImage makes ref present per policy, unpacked for the snapshotter.
+// Callers that ask for the same image with the same policy while a lookup
+// is under way share its result; the first caller's ctx bounds it.
 func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.PullPolicy) (agent.Image, error) {
 	ctx = r.ctx(ctx)
 	name, err := NormalizeRef(ref)
@@ -206,6 +221,42 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 	if c, ok := r.cached(name); ok && policy != corev1.PullAlways {
 		return c.info, nil
 	}
+	key := string(policy) + " " + name
+	r.mu.Lock()
+	for r.looking[key] != nil {
+		l := r.looking[key]
+		l.waiters++
+		r.mu.Unlock()
+		select {
+		case <-l.done:
+		case <-ctx.Done():
+			return agent.Image{}, fmt.Errorf("image %s: %w", name, ctx.Err())
+		}
+		// The first caller's pod may have gone while its lookup ran; then
+		// this caller looks for itself.
+		if !errors.Is(l.err, context.Canceled) && !errors.Is(l.err, context.DeadlineExceeded) {
+			info := l.info
+			info.Pulled = false // fetched for another pod, present for this one
+			return info, l.err
+		}
+		r.mu.Lock()
+	}
+	if r.looking == nil {
+		r.looking = map[string]*imageLookup{}
+	}
+	l := &imageLookup{done: make(chan struct{})}
+	r.looking[key] = l
+	r.mu.Unlock()
+	l.info, l.err = r.ensureImage(ctx, name, policy)
+	r.mu.Lock()
+	delete(r.looking, key)
+	r.mu.Unlock()
+	close(l.done)
+	return l.info, l.err
+}
+
+// ensureImage is EnsureImage's lookup, and pull when the policy asks.
+func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.PullPolicy) (agent.Image, error) {
 	img, err := r.client.GetImage(ctx, name)
 	present, fetched := err == nil, false
 	if err != nil && !errdefs.IsNotFound(err) {
