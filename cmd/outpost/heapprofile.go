@@ -25,6 +25,10 @@ func init() {
 	// $OUTPOST_CPUPROFILE gets a CPU profile of the process's first
 	// $OUTPOST_CPUPROFILE_SECONDS (default 10) seconds.
 	if cpu := os.Getenv("OUTPOST_CPUPROFILE"); cpu != "" {
+		// A %d in the path is the process ID: one profile per start.
+		if strings.Contains(cpu, "%d") {
+			cpu = fmt.Sprintf(cpu, os.Getpid())
+		}
 		secs, err := strconv.Atoi(os.Getenv("OUTPOST_CPUPROFILE_SECONDS"))
 		if err != nil || secs <= 0 {
 			secs = 10
