@@ -112,6 +112,16 @@ type Runtime struct {
 	// groups serialises task creation and deletion per shim group (see
 	// lockGroup).
 	groups map[string]*sync.Mutex
+	// unwritten holds the labels not yet written to their containers
+	// (see writeLull); toWrite wakes their writer.
+	unwritten  map[string]map[string]string
+	toWrite    chan struct{}
+	stopWriter context.CancelFunc
+	writerDone chan struct{}
+	// boot is when the system booted, for processStart.
+	bootOnce sync.Once
+	boot     time.Time
+	bootOK   bool
 }
 
 type cachedImage struct {
@@ -170,7 +180,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	r := &Runtime{
 		cfg: cfg, deps: deps, client: cl, poll: poll, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
 		oom: map[string]bool{}, images: map[string]cachedImage{},
+		unwritten: map[string]map[string]string{}, toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
 	}
+	wctx, stop := context.WithCancel(context.Background())
+	r.stopWriter = stop
+	go r.writeLabels(wctx)
 	if _, err := r.Version(ctx); err != nil {
 		r.Close()
 		return nil, err
@@ -182,6 +196,10 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 // running containers are not touched, and an agent started after copies
 // their output again from their FIFOs.
 func (r *Runtime) Close() error {
+	if r.stopWriter != nil {
+		r.stopWriter()
+		<-r.writerDone
+	}
 	r.poll.Close()
 	return r.client.Close()
 }
@@ -613,17 +631,24 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	t2 := r.deps.Clock.Now()
 	if err != nil {
 		closeLog()
+		removeEmptyLog(labels[agent.LabelLogPath])
 		return fmt.Errorf("start %s: create task: %w", id, err)
 	}
 	r.watchIO(id, task.IO(), out, errOut, labels[labelStdinOnce] == "true", closeLog)
 	if err := task.Start(ctx); err != nil {
 		task.Delete(ctx, containerd.WithProcessKill)
+		removeEmptyLog(labels[agent.LabelLogPath])
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	r.deps.Log.Debug("start task", "container", id, "group wait", t1.Sub(t0), "create", t2.Sub(t1), "start", r.deps.Clock.Since(t2))
-	if _, err := c.SetLabels(ctx, map[string]string{agent.LabelStartedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
-		return fmt.Errorf("start %s: record start time: %w", id, err)
+	// The start time is the kernel's for the task's process, which an
+	// agent killed before it wrote it would give its successor too (see
+	// List): the status keeps the same startedAt across the restart.
+	at, ok := r.processStart(task.Pid())
+	if !ok {
+		at = r.deps.Clock.Now()
 	}
+	r.writeBehind(id, map[string]string{agent.LabelStartedAt: at.UTC().Format(time.RFC3339Nano)})
 	return nil
 }
 
@@ -791,10 +816,18 @@ func (r *Runtime) reap(ctx context.Context, c containerd.Container, task contain
 		delete(r.oom, c.ID())
 	}
 	r.mu.Unlock()
+	// What is held to be written goes with the exit.
+	held := r.pending(c.ID())
+	for k, v := range held {
+		if _, ok := labels[k]; !ok {
+			labels[k] = v
+		}
+	}
 	if len(labels) > 0 {
 		if _, err := c.SetLabels(ctx, labels); err != nil {
 			return fmt.Errorf("record exit of %s: %w", c.ID(), err)
 		}
+		r.written(c.ID(), held)
 	}
 	return nil
 }
@@ -821,6 +854,7 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
+	r.forgetLabels(id)
 	return nil
 }
 
@@ -846,7 +880,7 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 		if err != nil {
 			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
 		}
-		ac := agent.Container{ID: c.ID(), Labels: info.Labels, CreatedAt: info.CreatedAt, State: agent.StateCreated}
+		ac := agent.Container{ID: c.ID(), Labels: r.withPending(c.ID(), info.Labels), CreatedAt: info.CreatedAt, State: agent.StateCreated}
 		if ac.Labels[labelFinishedAt] != "" {
 			// Its exit is recorded, which reap and the lost-task case
 			// below do only once the task is gone; and a container's task
@@ -868,6 +902,16 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 			switch resp.GetProcess().GetStatus() {
 			case apitask.Status_RUNNING, apitask.Status_PAUSED, apitask.Status_PAUSING:
 				ac.State = agent.StateRunning
+				if ac.Labels[agent.LabelStartedAt] == "" {
+					// Started by an agent killed before it wrote the
+					// start time: the kernel's, as Start takes it.
+					at, ok := r.processStart(resp.GetProcess().GetPid())
+					if !ok {
+						at = info.CreatedAt
+					}
+					r.writeBehind(c.ID(), map[string]string{agent.LabelStartedAt: at.UTC().Format(time.RFC3339Nano)})
+					ac.Labels = r.withPending(c.ID(), info.Labels)
+				}
 				r.reattach(ctx, c, info.Labels)
 			case apitask.Status_STOPPED:
 				task, err := c.Task(ctx, nil)
@@ -880,22 +924,24 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 					}
 				}
 				info, _ = c.Info(ctx)
-				ac.Labels = info.Labels
+				ac.Labels = r.withPending(c.ID(), info.Labels)
 				ac.State = agent.StateExited
 			}
 		case errdefs.IsNotFound(terr):
-			if ac.Labels[agent.LabelStartedAt] != "" {
-				// Started, and its task is gone with no exit recorded: it
-				// died with the node. Record that once, so the time it was
-				// found dead stays the same on every later look.
+			if ac.Labels[agent.LabelStartedAt] != "" || hasLog(ac.Labels[agent.LabelLogPath]) {
+				// Started (its start time is written, or its log, which
+				// only a start that got the task going leaves, exists:
+				// the agent was killed before it wrote the time), and its
+				// task is gone with no exit recorded: it died with the
+				// node. That is recorded once (behind), so the time it
+				// was found dead stays the same on every later look.
 				ac.State = agent.StateExited
 				lost := map[string]string{
 					labelExitCode: "255", labelReason: agent.ReasonLost,
 					labelFinishedAt: r.deps.Clock.Now().UTC().Format(time.RFC3339Nano),
 				}
-				if labels, err := c.SetLabels(ctx, lost); err == nil {
-					ac.Labels = labels
-				}
+				r.writeBehind(c.ID(), lost)
+				ac.Labels = r.withPending(c.ID(), info.Labels)
 			}
 		default:
 			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), terr)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/clock"
+	"github.com/outpost-edge/outpost/internal/clock/clocktest"
+	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
 // staleTasks is containerd's task service as an agent killed while
@@ -45,7 +48,7 @@ func (s *staleTasks) Create(_ context.Context, r *tasks.CreateTaskRequest, _ ...
 		return nil, errgrpc.ToGRPC(fmt.Errorf("task %s: %w", r.ContainerID, errdefs.ErrAlreadyExists))
 	}
 	s.listed = true
-	return &tasks.CreateTaskResponse{ContainerID: r.ContainerID, Pid: 4242}, nil
+	return &tasks.CreateTaskResponse{ContainerID: r.ContainerID, Pid: noPID}, nil
 }
 
 func (s *staleTasks) Kill(context.Context, *tasks.KillRequest, ...grpc.CallOption) (*emptypb.Empty, error) {
@@ -67,8 +70,12 @@ func (s *staleTasks) Delete(_ context.Context, r *tasks.DeleteTaskRequest, _ ...
 }
 
 func (s *staleTasks) Start(context.Context, *tasks.StartRequest, ...grpc.CallOption) (*tasks.StartResponse, error) {
-	return &tasks.StartResponse{Pid: 4242}, nil
+	return &tasks.StartResponse{Pid: noPID}, nil
 }
+
+// noPID is above the kernel's highest process ID (pid_max is at most
+// 2^22), so no process has it.
+const noPID = 1<<22 + 1
 
 // oneContainer is a container store holding one container.
 type oneContainer struct {
@@ -135,7 +142,123 @@ func TestStartReplacesStaleTask(t *testing.T) {
 	if !ts.killed || ts.deletes != 1 || ts.creates != 2 {
 		t.Errorf("task service: killed %v, %d deletes, %d creates; want the stale task killed, deleted once and the task created again", ts.killed, ts.deletes, ts.creates)
 	}
-	if store.c.Labels[agent.LabelStartedAt] == "" {
-		t.Error("the container's start time was not recorded")
+	if r.pending(id)[agent.LabelStartedAt] == "" {
+		t.Error("the container's start time was not kept")
+	}
+}
+
+// TestStartTimeWrittenAfterALull: Start keeps the start time in memory and
+// the writer puts it in the container's labels once writes have paused
+// for writeLull, not before.
+func TestStartTimeWrittenAfterALull(t *testing.T) {
+	dir := t.TempDir()
+	id := "0123456789ab-main-0"
+	store := &oneContainer{c: containers.Container{
+		ID:      id,
+		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
+		Labels:  map[string]string{agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab"},
+	}}
+	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(&staleTasks{}), containerd.WithContainerStore(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktest.New(time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
+	r := &Runtime{
+		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
+		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
+		oom: map[string]bool{}, images: map[string]cachedImage{},
+		toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	go r.writeLabels(ctx)
+	defer func() { stop(); <-r.writerDone }()
+	if err := r.Start(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	label := func() string {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return store.c.Labels[agent.LabelStartedAt]
+	}
+	want := clk.Now().UTC().Format(time.RFC3339Nano)
+	if got := r.pending(id)[agent.LabelStartedAt]; got != want {
+		t.Fatalf("start time in memory: %q; want %q", got, want)
+	}
+	waittest.Poll{Timeout: 5 * time.Second, Every: time.Millisecond}.For(t, "the writer waiting for a lull", func() (bool, string) {
+		return clk.Waiters() == 1, fmt.Sprintf("%d timers", clk.Waiters())
+	})
+	clk.Advance(writeLull - time.Millisecond)
+	if got := label(); got != "" {
+		t.Fatalf("start time written before the lull: %q", got)
+	}
+	clk.Advance(time.Millisecond)
+	waittest.Poll{Timeout: 5 * time.Second, Every: time.Millisecond}.For(t, "the start time written", func() (bool, string) {
+		return label() == want, fmt.Sprintf("label %q", label())
+	})
+	if p := r.pending(id); p != nil {
+		t.Errorf("labels still held in memory once written: %v", p)
+	}
+}
+
+// TestLostExitRecordedOnceBehind: a started container whose task is gone
+// is exited with the node, found dead at the first look; later looks give
+// the same time before it is written, and the writer writes that time.
+func TestLostExitRecordedOnceBehind(t *testing.T) {
+	dir := t.TempDir()
+	id := "0123456789ab-main-0"
+	store := &oneContainer{c: containers.Container{
+		ID:      id,
+		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
+		Labels: map[string]string{
+			agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab",
+			agent.LabelStartedAt: "2026-12-06T02:00:00Z",
+		},
+	}}
+	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(&staleTasks{}), containerd.WithContainerStore(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktest.New(time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
+	r := &Runtime{
+		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
+		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
+		oom: map[string]bool{}, images: map[string]cachedImage{},
+		toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
+	}
+	look := func() agent.Container {
+		t.Helper()
+		cs, err := r.List(context.Background(), "")
+		if err != nil || len(cs) != 1 {
+			t.Fatalf("list: %v, %v", cs, err)
+		}
+		return cs[0]
+	}
+	first := look()
+	if first.State != agent.StateExited || first.ExitCode != 255 || first.Reason != agent.ReasonLost || !first.FinishedAt.Equal(clk.Now()) {
+		t.Fatalf("first look: %+v; want exited 255 %s at %v", first, agent.ReasonLost, clk.Now())
+	}
+	store.mu.Lock()
+	wrote := store.c.Labels[labelFinishedAt]
+	store.mu.Unlock()
+	if wrote != "" {
+		t.Errorf("the lost exit was written on the look that found it: %s", wrote)
+	}
+	clk.Advance(3 * time.Second)
+	if again := look(); !again.FinishedAt.Equal(first.FinishedAt) || again.State != agent.StateExited {
+		t.Errorf("second look: %s at %v; want exited at %v", again.State, again.FinishedAt, first.FinishedAt)
+	}
+	if !r.flushLabels(context.Background(), 0) {
+		t.Fatal("flush failed")
+	}
+	store.mu.Lock()
+	wrote = store.c.Labels[labelFinishedAt]
+	store.mu.Unlock()
+	if want := first.FinishedAt.UTC().Format(time.RFC3339Nano); wrote != want {
+		t.Errorf("finished label %q; want %q", wrote, want)
+	}
+	if again := look(); !again.FinishedAt.Equal(first.FinishedAt) {
+		t.Errorf("look after the write: at %v; want %v", again.FinishedAt, first.FinishedAt)
 	}
 }
