@@ -113,6 +113,34 @@ func (o *oneContainer) Update(_ context.Context, c containers.Container, _ ...st
 
 func (o *oneContainer) Delete(context.Context, string) error { return errdefs.ErrNotImplemented }
 
+// testContainer is a container store holding container id of pod
+// 0123456789ab, its log under dir, with extra labels.
+func testContainer(dir, id string, extra map[string]string) *oneContainer {
+	labels := map[string]string{agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab"}
+	for k, v := range extra {
+		labels[k] = v
+	}
+	return &oneContainer{c: containers.Container{ID: id, Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"}, Labels: labels}}
+}
+
+// testRuntime is a Runtime over the task service ts and the container
+// store, with clk and its FIFOs under dir; its label writer is not
+// running.
+func testRuntime(t *testing.T, dir string, clk clock.Clock, ts tasks.TasksClient, store containers.Store) *Runtime {
+	t.Helper()
+	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(ts), containerd.WithContainerStore(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Runtime{
+		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
+		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
+		oom: map[string]bool{}, images: map[string]cachedImage{},
+		toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
+	}
+}
+
 // TestStartReplacesStaleTask: a task containerd lists but cannot load is
 // deleted by its ID and the container started; the soak trial AgentKilled
 // found a pod left in RunContainerError ("create task: … already
@@ -121,21 +149,7 @@ func TestStartReplacesStaleTask(t *testing.T) {
 	dir := t.TempDir()
 	id := "0123456789ab-main-0"
 	ts := &staleTasks{listed: true}
-	store := &oneContainer{c: containers.Container{
-		ID:      id,
-		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
-		Labels:  map[string]string{agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab"},
-	}}
-	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(ts), containerd.WithContainerStore(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &Runtime{
-		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
-		deps:   Deps{Clock: clock.Real{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
-		oom: map[string]bool{}, images: map[string]cachedImage{},
-	}
+	r := testRuntime(t, dir, clock.Real{}, ts, testContainer(dir, id, nil))
 	if err := r.Start(context.Background(), id); err != nil {
 		t.Fatalf("start with a stale task: %v", err)
 	}
@@ -153,23 +167,9 @@ func TestStartReplacesStaleTask(t *testing.T) {
 func TestStartTimeWrittenAfterALull(t *testing.T) {
 	dir := t.TempDir()
 	id := "0123456789ab-main-0"
-	store := &oneContainer{c: containers.Container{
-		ID:      id,
-		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
-		Labels:  map[string]string{agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab"},
-	}}
-	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(&staleTasks{}), containerd.WithContainerStore(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testContainer(dir, id, nil)
 	clk := clocktest.New(time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
-	r := &Runtime{
-		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
-		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
-		oom: map[string]bool{}, images: map[string]cachedImage{},
-		toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
-	}
+	r := testRuntime(t, dir, clk, &staleTasks{}, store)
 	ctx, stop := context.WithCancel(context.Background())
 	go r.writeLabels(ctx)
 	defer func() { stop(); <-r.writerDone }()
@@ -207,26 +207,9 @@ func TestStartTimeWrittenAfterALull(t *testing.T) {
 func TestLostExitRecordedOnceBehind(t *testing.T) {
 	dir := t.TempDir()
 	id := "0123456789ab-main-0"
-	store := &oneContainer{c: containers.Container{
-		ID:      id,
-		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
-		Labels: map[string]string{
-			agent.LabelLogPath: filepath.Join(dir, "log", "0.log"), agent.LabelPodUID: "0123456789ab",
-			agent.LabelStartedAt: "2026-12-06T02:00:00Z",
-		},
-	}}
-	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(&staleTasks{}), containerd.WithContainerStore(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testContainer(dir, id, map[string]string{agent.LabelStartedAt: "2026-12-06T02:00:00Z"})
 	clk := clocktest.New(time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
-	r := &Runtime{
-		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
-		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
-		oom: map[string]bool{}, images: map[string]cachedImage{},
-		toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
-	}
+	r := testRuntime(t, dir, clk, &staleTasks{}, store)
 	look := func() agent.Container {
 		t.Helper()
 		cs, err := r.List(context.Background(), "")
