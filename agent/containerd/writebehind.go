@@ -72,7 +72,9 @@ func (r *Runtime) pending(id string) map[string]string {
 
 // withPending is labels with those not yet written to container id added.
 func (r *Runtime) withPending(id string, labels map[string]string) map[string]string {
-	p := r.pending(id)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.unwritten[id]
 	if p == nil {
 		return labels
 	}
@@ -113,10 +115,10 @@ func (r *Runtime) forgetLabels(id string) {
 // ends, then writes what is left.
 func (r *Runtime) writeLabels(ctx context.Context) {
 	defer close(r.writerDone)
+	defer r.flushLabels(context.WithoutCancel(ctx), 2*time.Second)
 	for {
 		select {
 		case <-ctx.Done():
-			r.flushLabels(context.WithoutCancel(ctx), 2*time.Second)
 			return
 		case <-r.toWrite:
 		}
@@ -127,7 +129,6 @@ func (r *Runtime) writeLabels(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				r.flushLabels(context.WithoutCancel(ctx), 2*time.Second)
 				return
 			case <-r.toWrite:
 				t.Stop()
