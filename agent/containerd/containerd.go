@@ -26,6 +26,7 @@ import (
 	apitask "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -33,6 +34,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
 	"github.com/distribution/reference"
+	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	corev1 "k8s.io/api/core/v1"
 
@@ -112,6 +114,11 @@ type Runtime struct {
 	// groups serialises task creation and deletion per shim group (see
 	// lockGroup).
 	groups map[string]*sync.Mutex
+	// lease is the lease the creates under way share, leaseUsers how
+	// many (see withCreateLease).
+	leaseMu    sync.Mutex
+	lease      leases.Lease
+	leaseUsers int
 	// unwritten holds the labels not yet written to their containers
 	// (see writeLull); toWrite wakes their writer.
 	unwritten  map[string]map[string]string
@@ -125,8 +132,9 @@ type Runtime struct {
 }
 
 type cachedImage struct {
-	info agent.Image
-	img  containerd.Image
+	info  agent.Image
+	img   containerd.Image
+	facts *imageFacts
 }
 
 // imageLookup is one EnsureImage under way; done is closed once info and
@@ -296,22 +304,30 @@ func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.Pu
 		}
 		img, fetched = pulled, true
 	}
-	if ok, _ := img.IsUnpacked(ctx, r.cfg.Snapshotter); !ok {
-		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
-			return agent.Image{}, fmt.Errorf("unpack %s: %w", name, err)
-		}
-	}
 	spec, err := img.Spec(ctx)
 	if err != nil {
 		return agent.Image{}, fmt.Errorf("image %s config: %w", name, err)
+	}
+	// The snapshot of the image's layers, the parent of its containers'.
+	chainID := identity.ChainID(spec.RootFS.DiffIDs).String()
+	if _, err := r.client.SnapshotService(r.cfg.Snapshotter).Stat(ctx, chainID); err != nil {
+		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
+			return agent.Image{}, fmt.Errorf("unpack %s: %w", name, err)
+		}
 	}
 	info := agent.Image{
 		Ref: name, ID: img.Name() + "@" + img.Target().Digest.String(),
 		Entrypoint: spec.Config.Entrypoint, Cmd: spec.Config.Cmd, Env: spec.Config.Env,
 		WorkingDir: spec.Config.WorkingDir, User: spec.Config.User, StopSignal: spec.Config.StopSignal,
 	}
+	digest := img.Target().Digest
 	r.mu.Lock()
-	r.images[name] = cachedImage{info: info, img: img}
+	// What the creates read of the image holds while its digest does.
+	facts := &imageFacts{chainID: chainID}
+	if prev, ok := r.images[name]; ok && prev.img.Target().Digest == digest && prev.facts.chainID == chainID {
+		facts = prev.facts
+	}
+	r.images[name] = cachedImage{info: info, img: img, facts: facts}
 	r.mu.Unlock()
 	info.Pulled = fetched
 	return info, nil
@@ -320,15 +336,27 @@ func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.Pu
 // Create creates a container from spec, with a fresh snapshot of its image.
 func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	ctx = r.ctx(ctx)
-	var img containerd.Image
+	// The image as EnsureImage left it, or as containerd has it.
+	var (
+		img      containerd.Image
+		snapshot containerd.NewContainerOpts
+		config   oci.SpecOpts
+	)
 	if c, ok := r.cached(s.Image.Ref); ok {
 		img = c.img
+		snapshot, config = withNewSnapshot(s.ID, img, c.facts), r.withImageConfig(oci.WithImageConfig(img), c.facts)
 	} else {
 		var err error
 		if img, err = r.client.GetImage(ctx, s.Image.Ref); err != nil {
 			return fmt.Errorf("create %s: image %s: %w", s.ID, s.Image.Ref, err)
 		}
+		snapshot, config = containerd.WithNewSnapshot(s.ID, img), oci.WithImageConfig(img)
 	}
+	ctx, release, err := r.withCreateLease(ctx)
+	if err != nil {
+		return fmt.Errorf("create %s: lease: %w", s.ID, err)
+	}
+	defer release()
 	labels := map[string]string{}
 	for k, v := range s.Labels {
 		labels[k] = v
@@ -345,7 +373,7 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		labels[labelStdinOnce] = "true"
 	}
 	opts := []oci.SpecOpts{
-		oci.WithImageConfig(img),
+		config,
 		oci.WithProcessArgs(s.Args...),
 	}
 	if s.TTY {
@@ -413,13 +441,13 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		_, err := r.client.NewContainer(ctx, s.ID,
 			containerd.WithContainerLabels(labels),
 			containerd.WithSnapshotter(r.cfg.Snapshotter),
-			containerd.WithNewSnapshot(s.ID, img),
+			snapshot,
 			containerd.WithNewSpec(opts...),
 		)
 		return err
 	}
 	t0 := r.deps.Clock.Now()
-	err := newContainer()
+	err = newContainer()
 	r.deps.Log.Debug("create container", "container", s.ID, "took", r.deps.Clock.Since(t0), "err", err)
 	if errdefs.IsAlreadyExists(err) {
 		if _, lerr := r.client.LoadContainer(ctx, s.ID); lerr == nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,6 +132,40 @@ func TestE2EStaticPodLifecycle(t *testing.T) {
 	if ls := run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "containers", "ls"); strings.Contains(ls, "crash") {
 		t.Fatalf("containers of the removed pod remain:\n%s", ls)
 	}
+}
+
+// TestE2EImageGroupsInEveryContainer: a container's process has the
+// groups the image's /etc/group gives its user (root is in wheel, 10,
+// in the test image), also when the pods of one image start at once and
+// the runtime reads the image for the first of them only.
+func TestE2EImageGroupsInEveryContainer(t *testing.T) {
+	n := newNode(t, "e2e-groups")
+	const pods = 4
+	for i := range pods {
+		n.write(fmt.Sprintf("groups-%d.yaml", i), podManifest(fmt.Sprintf("groups-%d", i), "Never", "grep Groups /proc/self/status"))
+	}
+	n.start()
+	for i := range pods {
+		name := fmt.Sprintf("groups-%d-e2e-groups", i)
+		n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
+		logs, err := n.outpost("logs", name)
+		if err != nil {
+			t.Fatalf("logs of %s: %v", name, err)
+		}
+		if !slices.Equal(groupsLine(logs), []string{"0", "10"}) {
+			t.Fatalf("pod %s: process groups %q, want 0 and 10 (root and wheel)", name, logs)
+		}
+	}
+}
+
+// groupsLine returns the groups of a /proc/PID/status Groups line in out.
+func groupsLine(out string) []string {
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "Groups:" {
+			return f[1:]
+		}
+	}
+	return nil
 }
 
 // containerIDs maps each container of the pods to its ID and start time,

@@ -189,7 +189,9 @@ func rootfs(busybox []byte) ([]byte, error) {
 		tw.WriteHeader(&tar.Header{Name: "bin/" + a, Linkname: "busybox", Mode: 0o777, ModTime: epoch, Typeflag: tar.TypeSymlink})
 	}
 	file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"))
-	file("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"))
+	// root is a member of wheel, so a container's additional groups
+	// come from the image (TestE2EImageGroupsInEveryContainer).
+	file("etc/group", 0o644, []byte("root:x:0:\nwheel:x:10:root\nnogroup:x:65534:\n"))
 	file("var/www/index.html", 0o644, []byte("hello from outpost\n"))
 	if err := tw.Close(); err != nil {
 		return nil, err
