@@ -1097,11 +1097,22 @@ func findContainer(pod *corev1.Pod, name string) *corev1.Container {
 }
 
 // gc removes exited attempts older than the newest of each container; the
-// newest dead one stays for `logs --previous`.
+// newest dead one stays for `logs --previous`. An older attempt that is
+// not exited is removed too: only the newest may run. An agent killed
+// while containerd created an attempt's task can leave it for its
+// successor to find gone (and the attempt lost with its task), and then
+// containerd finishes the create behind the new attempt.
 func (w *worker) gc(ctx context.Context, byName map[string]attempts) {
 	for _, a := range byName {
 		kept := 0
-		for _, c := range a {
+		for i, c := range a {
+			if i > 0 && c.State != StateExited {
+				w.log.Warn("removing an older attempt that is not exited", "id", c.ID, "state", c.State, "newest", a[0].ID)
+				if err := w.m.rt.Remove(ctx, c.ID); err != nil {
+					w.log.Warn("remove older attempt", "id", c.ID, "err", err)
+				}
+				continue
+			}
 			if c.State != StateExited {
 				continue
 			}

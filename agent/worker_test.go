@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -814,6 +815,40 @@ func TestContainerCreatedButNotStartedIsStarted(t *testing.T) {
 	}
 	if rc := h.container(p, "app").RestartCount; rc != 0 {
 		t.Fatalf("restart count %d, want 0", rc)
+	}
+}
+
+// TestOlderAttemptLeftRunningIsRemoved: an attempt older than the newest
+// that runs, which containerd can finish creating and an earlier agent
+// starting after its successor took the attempt for lost, is removed at
+// the next sync, and the newest keeps running.
+func TestOlderAttemptLeftRunningIsRemoved(t *testing.T) {
+	h := newHarness(t)
+	p := newPod("dup", corev1.RestartPolicyAlways, ctr("app"))
+	h.put(p)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
+	// The newest attempt, 1, runs beside attempt 0.
+	spec, ok := h.rt.Spec(id(p, "app", 0))
+	if !ok {
+		t.Fatal("no spec of attempt 0")
+	}
+	spec.ID = id(p, "app", 1)
+	spec.Labels = maps.Clone(spec.Labels)
+	spec.Labels[agent.LabelAttempt] = "1"
+	if err := h.rt.Create(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.rt.Start(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.advance(time.Minute) // the resync
+	h.eventually("attempt 0 removed", func() bool {
+		_, left := h.rt.Container(id(p, "app", 0))
+		return !left
+	})
+	if !h.running(id(p, "app", 1)) {
+		t.Fatalf("the newest attempt does not run:\n%s", h.rt.Dump())
 	}
 }
 
