@@ -58,7 +58,12 @@ func TestE2EAgentKilledDuringChurn(t *testing.T) {
 				ok = false
 			}
 		}
-		return ok, fmt.Sprintf("running tasks per pod %v", tasks)
+		if ok {
+			return true, ""
+		}
+		// Which attempts run, for the next one to read the failure.
+		return false, fmt.Sprintf("running tasks per pod %v; tasks:\n%s", tasks,
+			run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "tasks", "ls"))
 	})
 	s, err := n.status()
 	if err != nil {
