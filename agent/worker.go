@@ -1106,29 +1106,35 @@ func (w *worker) gc(ctx context.Context, byName map[string]attempts) {
 	for _, a := range byName {
 		kept := 0
 		for i, c := range a {
-			if i > 0 && c.State != StateExited {
+			switch {
+			case i > 0 && c.State != StateExited:
 				w.log.Warn("removing an older attempt that is not exited", "id", c.ID, "state", c.State, "newest", a[0].ID)
-				if err := w.m.rt.Remove(ctx, c.ID); err != nil {
+				if err := w.removeAttempt(ctx, c.ID); err != nil {
 					w.log.Warn("remove older attempt", "id", c.ID, "err", err)
 				}
-				continue
-			}
-			if c.State != StateExited {
-				continue
-			}
-			if kept < 1 {
+			case c.State != StateExited:
+			case kept < 1:
 				kept++
-				continue
-			}
-			if err := w.m.rt.Remove(ctx, c.ID); err != nil {
-				w.log.Debug("gc container", "id", c.ID, "err", err)
-			} else if w.m.cgroups != nil {
-				if err := w.m.cgroups.RemoveContainer(w.uid, c.ID); err != nil {
-					w.log.Warn("container cgroup left", "id", c.ID, "err", err)
+			default:
+				if err := w.removeAttempt(ctx, c.ID); err != nil {
+					w.log.Debug("gc container", "id", c.ID, "err", err)
 				}
 			}
 		}
 	}
+}
+
+// removeAttempt removes one container of the pod, and then its cgroup.
+func (w *worker) removeAttempt(ctx context.Context, id string) error {
+	if err := w.m.rt.Remove(ctx, id); err != nil {
+		return err
+	}
+	if w.m.cgroups != nil {
+		if err := w.m.cgroups.RemoveContainer(w.uid, id); err != nil {
+			w.log.Warn("container cgroup left", "id", id, "err", err)
+		}
+	}
+	return nil
 }
 
 // ensureProbes starts the probe workers of a running container once.
