@@ -322,9 +322,10 @@ func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.Pu
 	}
 	digest := img.Target().Digest
 	r.mu.Lock()
-	// What the creates read of the image holds while its digest does.
+	// What the creates read of the image holds while its digest does
+	// (the digest names the config, and so the chain ID).
 	facts := &imageFacts{chainID: chainID}
-	if prev, ok := r.images[name]; ok && prev.img.Target().Digest == digest && prev.facts.chainID == chainID {
+	if prev, ok := r.images[name]; ok && prev.img.Target().Digest == digest {
 		facts = prev.facts
 	}
 	r.images[name] = cachedImage{info: info, img: img, facts: facts}

@@ -12,16 +12,16 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// What a container create asks of containerd beyond its snapshot and its
-// record, the client's NewContainer asks again for every container: a
-// lease created and deleted around it (two synced writes to containerd's
-// store), the snapshotter's capabilities, the image's manifest and
-// config (three reads each for the snapshot's parent and for the spec),
-// and a read-only mount of the new rootfs to read /etc/group for the
-// process's additional groups. After a reboot the 30 creates come at
-// once, each with all of it. An image's content does not change under
-// its digest, so the runtime asks once per image and the creates under
-// way at one time share a lease.
+// For every container, the client's NewContainer (with WithNewSnapshot
+// and oci.WithImageConfig) asks containerd for more than the container's
+// snapshot and record: a lease created and deleted around the create (two
+// synced writes to containerd's store), the snapshotter's capabilities,
+// the image's manifest and config (read once for the snapshot's parent and
+// again for the spec), and a read-only mount of the new rootfs to read
+// /etc/group for the process's additional groups. After a reboot the 30
+// creates come at once, each with all of it. An image's content does not
+// change under its digest, so the runtime reads it once per image, and the
+// creates under way at one time share a lease.
 
 // imageSpec is what oci.WithImageConfig makes of an image on a new
 // spec: the process's environment, arguments, working directory and
