@@ -92,7 +92,16 @@ for arch in "${ARCHES[@]}"; do
 	set -e
 	summary "$arch" "$log"
 	echo "test-arm: linux/$arch tests took $(($(date +%s) - start))s"
-	((rc == 0)) || { echo "test-arm: go test for linux/$arch failed" >&2; status=1; }
+	if ((rc != 0)); then
+		echo "test-arm: go test for linux/$arch failed" >&2
+		status=1
+		# Said again at the end, where a log cut in its middle still shows it.
+		{
+			echo "test-arm: go test for linux/$arch failed:"
+			summary "$arch" "$log" | sed -n '/^  FAIL /,$p'
+			jq -rj 'select(.Action == "output" and .Test == null and (.Output | test("^(FAIL|panic|---)"))) | "  \(.Package): \(.Output)"' "$log"
+		} >>"$tmp/failed"
+	fi
 done
 
 # The binaries make build-all made: built as asked (go version -m), static
@@ -139,6 +148,7 @@ for arch in amd64 "${ARCHES[@]}"; do
 	[[ -n $check ]] || check=$out
 done
 if ((status)); then
+	[[ -s $tmp/failed ]] && cat "$tmp/failed" >&2
 	echo "test-arm: FAILED" >&2
 	exit 1
 fi
