@@ -99,7 +99,7 @@ for arch in "${ARCHES[@]}"; do
 		{
 			echo "test-arm: go test for linux/$arch failed:"
 			summary "$arch" "$log" | sed -n '/^  FAIL /,$p'
-			jq -rj 'select(.Action == "output" and .Test == null and (.Output | test("^(FAIL|panic|---)"))) | "  \(.Package): \(.Output)"' "$log"
+			jq -rj 'select(.Action == "output" and .Test == null and (.Output | test("^(FAIL\t|panic)"))) | "  " + .Output' "$log"
 		} >>"$tmp/failed"
 	fi
 done
