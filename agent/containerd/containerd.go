@@ -854,7 +854,11 @@ func (r *Runtime) reap(ctx context.Context, c containerd.Container, task contain
 	}
 	if len(labels) > 0 {
 		if _, err := c.SetLabels(ctx, labels); err != nil {
-			return fmt.Errorf("record exit of %s: %w", c.ID(), err)
+			if errdefs.IsNotFound(err) {
+				// Removed behind the agent: nothing is left to record to.
+				r.forgetLabels(c.ID())
+			}
+			return fmt.Errorf("record exit of %s: %w", c.ID(), notFound(err))
 		}
 		r.written(c.ID(), held)
 	}
@@ -948,11 +952,17 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 					return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
 				}
 				if err == nil {
-					if err := r.reap(ctx, c, task); err != nil {
+					if err := r.reap(ctx, c, task); errors.Is(err, agent.ErrNotFound) {
+						continue // removed since the list, by something other than the agent
+					} else if err != nil {
 						return nil, err
 					}
 				}
-				info, _ = c.Info(ctx)
+				if fresh, err := c.Info(ctx); err == nil {
+					info = fresh
+				} else if errdefs.IsNotFound(err) {
+					continue
+				}
 				ac.Labels = r.withPending(c.ID(), info.Labels)
 				ac.State = agent.StateExited
 			}
