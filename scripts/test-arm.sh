@@ -90,7 +90,8 @@ for arch in "${ARCHES[@]}"; do
 		jq -rj --unbuffered 'select((.Action == "output" and .Test == null and .Output != "PASS\n") or .Action == "build-output") | .Output'
 	rc=${PIPESTATUS[0]}
 	set -e
-	summary "$arch" "$log"
+	sum=$(summary "$arch" "$log")
+	echo "$sum"
 	echo "test-arm: linux/$arch tests took $(($(date +%s) - start))s"
 	if ((rc != 0)); then
 		echo "test-arm: go test for linux/$arch failed" >&2
@@ -98,7 +99,7 @@ for arch in "${ARCHES[@]}"; do
 		# Said again at the end, where a log cut in its middle still shows it.
 		{
 			echo "test-arm: go test for linux/$arch failed:"
-			summary "$arch" "$log" | sed -n '/^  FAIL /,$p'
+			sed -n '/^  FAIL /,$p' <<<"$sum"
 			jq -rj 'select(.Action == "output" and .Test == null and (.Output | test("^(FAIL\t|panic)"))) | "  " + .Output' "$log"
 		} >>"$tmp/failed"
 	fi
