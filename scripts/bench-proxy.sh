@@ -4,6 +4,8 @@
 #   - outpost's nftables Table on the real kernel, in fresh network
 #     namespaces: the cold sync of 100, 1,000 and 10,000 Services × 5
 #     endpoints, and adding, changing and deleting one Service at each size;
+#   - the proxy's sync after one such change written to its store, on the
+#     real kernel;
 #   - outpost against upstream kube-proxy in nftables mode, on the same
 #     Services in a real API server, same machine, same run
 #     (OUTPOST_BENCH_PROXY_SIZES=N,N,… for other sizes);
@@ -33,6 +35,8 @@ status=0
 echo "== outpost's Table on the kernel (ms/op: the whole Sync; kernel-ms/op: its netlink batch)"
 "$GO" test -run '^$' -bench 'BenchmarkNetlinkColdSync' -benchtime 1x -timeout 60m ./netproxy/nft/ 2>&1 | tee "$tmp/nft.txt" || status=1
 "$GO" test -run '^$' -bench 'BenchmarkNetlinkUpdateOne' -benchtime 20x -timeout 60m ./netproxy/nft/ 2>&1 | tee -a "$tmp/nft.txt" || status=1
+echo "== the proxy's sync after one store write, on the kernel (ms/op: the whole Sync; kernel-ms/op: its netlink batch)"
+"$GO" test -run '^$' -bench 'BenchmarkSyncOneServiceKernel' -benchtime 200x -timeout 60m ./netproxy/proxy/ 2>&1 | tee -a "$tmp/nft.txt" || status=1
 echo "== outpost against kube-proxy (nftables mode), and the agent's memory"
 BENCH_OUTPOST="$tmp/outpost" "$GO" test -run '^$' -bench 'BenchmarkProxyVsKubeProxy|BenchmarkAgentRSS' -benchtime 1x -timeout 60m ./test/e2e/ 2>&1 |
 	tee "$tmp/e2e.txt" || status=1

@@ -9,11 +9,13 @@ import (
 	"runtime/pprof"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/outpost-edge/outpost/internal/netnstest"
 	"github.com/outpost-edge/outpost/netproxy/nft"
 	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/store"
@@ -43,8 +45,42 @@ func BenchmarkSyncUnchanged(b *testing.B) {
 // added, the slice changed, the Service and its slice deleted; the store
 // writes are not timed.
 func BenchmarkSyncOneService(b *testing.B) {
+	benchSyncOneService(b, func(*testing.B) Ruleset { return nfttest.NewFake() })
+}
+
+// BenchmarkSyncOneServiceKernel is BenchmarkSyncOneService on the real
+// kernel, each size in a network namespace of its own: what the
+// nftables rows of make bench-peers measure, without the API server.
+// kernel-ms/op is the part of the sync spent in the ruleset's Apply.
+func BenchmarkSyncOneServiceKernel(b *testing.B) {
+	benchSyncOneService(b, func(b *testing.B) Ruleset {
+		if err := nft.Available(); err != nil {
+			b.Skipf("no nftables netlink in this kernel: %v", err)
+		}
+		nl := nft.NewNetlink(netnstest.New(b))
+		b.Cleanup(func() { nl.Close() })
+		return &timedRuleset{Ruleset: nl}
+	})
+}
+
+// timedRuleset adds up the time its Applies take.
+type timedRuleset struct {
+	Ruleset
+	apply time.Duration
+}
+
+func (r *timedRuleset) Apply(tx *nft.Tx) error {
+	t0 := time.Now()
+	err := r.Ruleset.Apply(tx)
+	r.apply += time.Since(t0)
+	return err
+}
+
+func benchSyncOneService(b *testing.B, ruleset func(*testing.B) Ruleset) {
 	for _, n := range []int{100, 1000, 10000} {
-		st, p := benchProxy(b, n)
+		rs := ruleset(b)
+		st, p := benchProxyOn(b, n, rs)
+		timed, _ := rs.(*timedRuleset)
 		svc, sl := benchService(n)
 		changed := sl.DeepCopy()
 		changed.Endpoints = changed.Endpoints[1:]
@@ -70,6 +106,7 @@ func BenchmarkSyncOneService(b *testing.B) {
 		for _, step := range steps {
 			b.Run(fmt.Sprintf("%s/%d", step.op, n), func(b *testing.B) {
 				b.ReportAllocs()
+				var apply time.Duration
 				for b.Loop() {
 					b.StopTimer()
 					for _, s := range steps {
@@ -86,11 +123,17 @@ func BenchmarkSyncOneService(b *testing.B) {
 					if err := step.write(); err != nil {
 						b.Fatal(err)
 					}
+					if timed != nil {
+						timed.apply = 0
+					}
 					b.StartTimer()
 					if err := p.Sync(); err != nil {
 						b.Fatal(err)
 					}
 					b.StopTimer()
+					if timed != nil {
+						apply += timed.apply
+					}
 					for _, s := range steps[slices.IndexFunc(steps, func(s struct {
 						op    string
 						write func() error
@@ -105,6 +148,9 @@ func BenchmarkSyncOneService(b *testing.B) {
 						}
 					}
 					b.StartTimer()
+				}
+				if timed != nil {
+					b.ReportMetric(float64(apply)/float64(time.Millisecond)/float64(b.N), "kernel-ms/op")
 				}
 			})
 		}
@@ -195,8 +241,13 @@ func benchService(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 // benchProxy is a store with N API Services × 5 endpoints and a proxy
 // on the Fake ruleset that synced them once.
 func benchProxy(b *testing.B, n int) (*store.Store, *Proxy) {
+	return benchProxyOn(b, n, nfttest.NewFake())
+}
+
+// benchProxyOn is benchProxy on the ruleset rs.
+func benchProxyOn(b *testing.B, n int, rs Ruleset) (*store.Store, *Proxy) {
 	st := benchStore(b, n)
-	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: nfttest.NewFake()})
+	p, err := New(Config{Node: node, PodCIDR: podCIDR}, Deps{Store: st, Ruleset: rs})
 	if err != nil {
 		b.Fatal(err)
 	}
