@@ -814,21 +814,24 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 			return fmt.Errorf("stop %s: %w", id, ctx.Err())
 		}
 	}
-	return r.reap(ctx, c, task)
+	_, err = r.reap(ctx, c, task)
+	return err
 }
 
 // reap deletes an ended task, recording its exit in the container's
-// labels so the state outlives the task (and its shim).
-func (r *Runtime) reap(ctx context.Context, c containerd.Container, task containerd.Task) error {
+// labels so the state outlives the task (and its shim). It returns the
+// container's labels as containerd holds them after that write, or nil
+// when it wrote none.
+func (r *Runtime) reap(ctx context.Context, c containerd.Container, task containerd.Task) (map[string]string, error) {
 	cl, err := c.Labels(ctx)
 	if err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("delete task %s: %w", c.ID(), err)
+		return nil, fmt.Errorf("delete task %s: %w", c.ID(), err)
 	}
 	unlock := r.lockGroup(cl)
 	st, err := task.Delete(ctx)
 	unlock()
 	if err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("delete task %s: %w", c.ID(), err)
+		return nil, fmt.Errorf("delete task %s: %w", c.ID(), err)
 	}
 	labels := map[string]string{}
 	if st != nil {
@@ -852,17 +855,19 @@ func (r *Runtime) reap(ctx context.Context, c containerd.Container, task contain
 			labels[k] = v
 		}
 	}
-	if len(labels) > 0 {
-		if _, err := c.SetLabels(ctx, labels); err != nil {
-			if errdefs.IsNotFound(err) {
-				// Removed behind the agent: nothing is left to record to.
-				r.forgetLabels(c.ID())
-			}
-			return fmt.Errorf("record exit of %s: %w", c.ID(), notFound(err))
-		}
-		r.written(c.ID(), held)
+	if len(labels) == 0 {
+		return nil, nil
 	}
-	return nil
+	all, err := c.SetLabels(ctx, labels)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			// Removed behind the agent: nothing is left to record to.
+			r.forgetLabels(c.ID())
+		}
+		return nil, fmt.Errorf("record exit of %s: %w", c.ID(), notFound(err))
+	}
+	r.written(c.ID(), held)
+	return all, nil
 }
 
 // Remove deletes the container, its task and its snapshot.
@@ -951,19 +956,28 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 				if err != nil && !errdefs.IsNotFound(err) {
 					return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
 				}
+				var labels map[string]string
 				if err == nil {
-					if err := r.reap(ctx, c, task); errors.Is(err, agent.ErrNotFound) {
+					labels, err = r.reap(ctx, c, task)
+					if errors.Is(err, agent.ErrNotFound) {
 						continue // removed since the list, by something other than the agent
 					} else if err != nil {
 						return nil, err
 					}
 				}
-				if fresh, err := c.Info(ctx); err == nil {
-					info = fresh
-				} else if errdefs.IsNotFound(err) {
-					continue
+				if labels == nil {
+					// Nothing was written: read what is there.
+					fresh, err := c.Info(ctx)
+					if errdefs.IsNotFound(err) {
+						continue
+					}
+					if err == nil {
+						labels = fresh.Labels
+					} else {
+						labels = info.Labels
+					}
 				}
-				ac.Labels = r.withPending(c.ID(), info.Labels)
+				ac.Labels = r.withPending(c.ID(), labels)
 				ac.State = agent.StateExited
 			}
 		case errdefs.IsNotFound(terr):
