@@ -93,6 +93,10 @@ const (
 	// KeyAddr6ProtoPortIndex is the same for IPv6, mapping to `ipv6_addr
 	// . inet_service`.
 	KeyAddr6ProtoPortIndex KeyType = "ipv6_addr . inet_proto . inet_service . mark"
+	// KeyProtoPortIndex is `inet_proto . inet_service . mark`: a NodePort
+	// and the draw of a `numgen random mod k`. Its maps map to an
+	// endpoint of the family Map.V6 says, which DNATPortMap DNATs to.
+	KeyProtoPortIndex KeyType = "inet_proto . inet_service . mark"
 )
 
 // Pair reports whether k is an address pair.
@@ -100,7 +104,9 @@ func (k KeyType) Pair() bool { return k == KeyAddr4Pair || k == KeyAddr6Pair }
 
 // Endpoint reports whether k is the key of an endpoint map (whose
 // elements map to an address and port, not to a verdict).
-func (k KeyType) Endpoint() bool { return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex }
+func (k KeyType) Endpoint() bool {
+	return k == KeyAddr4ProtoPortIndex || k == KeyAddr6ProtoPortIndex || k == KeyProtoPortIndex
+}
 
 // AddrProtoPort reports whether k starts with a destination address,
 // protocol and port, and which family the address is.
@@ -114,28 +120,39 @@ func (k KeyType) AddrProtoPort() (v6, ok bool) {
 	return false, false
 }
 
-// DataType is what the elements of a map with key k map to, as nft
-// prints it.
-func (k KeyType) DataType() string {
-	switch k {
-	case KeyAddr4ProtoPortIndex:
-		return "ipv4_addr . inet_service"
-	case KeyAddr6ProtoPortIndex:
-		return "ipv6_addr . inet_service"
+// DataType is what the elements of map m map to, as nft prints it.
+func (m Map) DataType() string {
+	if v6, ok := m.endpointFamily(); ok {
+		return AddrType(v6) + " . inet_service"
 	}
 	return "verdict"
 }
 
-// CheckData checks what an element of a map with key k maps to: an
-// endpoint of the key's family in an endpoint map, nothing elsewhere.
-func (k KeyType) CheckData(d netip.AddrPort) error {
-	if !k.Endpoint() {
+// endpointFamily reports whether m is an endpoint map, and the family of
+// the endpoints it maps to: the key's address's, or V6 for a key without
+// one.
+func (m Map) endpointFamily() (v6, ok bool) {
+	switch m.Key {
+	case KeyAddr4ProtoPortIndex:
+		return false, true
+	case KeyAddr6ProtoPortIndex:
+		return true, true
+	case KeyProtoPortIndex:
+		return m.V6, true
+	}
+	return false, false
+}
+
+// CheckData checks what an element of map m maps to: an endpoint of the
+// map's family in an endpoint map, nothing elsewhere.
+func (m Map) CheckData(d netip.AddrPort) error {
+	v6, ok := m.endpointFamily()
+	if !ok {
 		if d.IsValid() {
-			return fmt.Errorf("map %s takes no endpoint (%s): %w", k, d, unix.EINVAL)
+			return fmt.Errorf("map %s takes no endpoint (%s): %w", m.Key, d, unix.EINVAL)
 		}
 		return nil
 	}
-	v6 := k == KeyAddr6ProtoPortIndex
 	if a := d.Addr(); !a.IsValid() || a.Is6() != v6 || a.Is4In6() || d.Port() == 0 {
 		return fmt.Errorf("endpoint %s: want an %s and a port: %w", d, AddrType(v6), unix.EINVAL)
 	}
@@ -169,17 +186,20 @@ func CheckName(what, name string) error {
 // Map is a named verdict map or, with Set, a plain set of keys whose
 // elements carry no verdict and which MatchSet tests packets against. A
 // map with an endpoint key (KeyAddr4ProtoPortIndex,
-// KeyAddr6ProtoPortIndex) maps to addresses and ports instead of
-// verdicts.
+// KeyAddr6ProtoPortIndex, KeyProtoPortIndex) maps to addresses and ports
+// instead of verdicts.
 type Map struct {
 	Name string
 	Key  KeyType
 	Set  bool
+	// V6 is the family of the endpoints a map with key KeyProtoPortIndex
+	// maps to (the key has no address to say it).
+	V6 bool
 }
 
-// MapKey is a key of a verdict map; Addr is unset for KeyProtoPort. A
-// pair key (KeyAddr4Pair, KeyAddr6Pair) is Addr . Addr2, with no
-// protocol or port. Index is the numgen draw of an endpoint key, and
+// MapKey is a key of a verdict map; Addr is unset for KeyProtoPort and
+// KeyProtoPortIndex. A pair key (KeyAddr4Pair, KeyAddr6Pair) is Addr .
+// Addr2, with no protocol or port. Index is the numgen draw of an endpoint key, and
 // zero in every other.
 type MapKey struct {
 	Addr     netip.Addr

@@ -673,11 +673,12 @@ func (b *nlBatch) add(op Op) error {
 			return err
 		}
 		s := &nftables.Set{Table: b.t, Name: op.Map.Name, IsMap: true, Concatenation: true, KeyType: kt, DataType: nftables.TypeVerdict}
-		switch op.Map.Key {
-		case KeyAddr4ProtoPortIndex:
-			s.DataType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
-		case KeyAddr6ProtoPortIndex:
-			s.DataType = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)
+		if v6, ok := op.Map.endpointFamily(); ok {
+			addr := nftables.TypeIPAddr
+			if v6 {
+				addr = nftables.TypeIP6Addr
+			}
+			s.DataType = nftables.MustConcatSetType(addr, nftables.TypeInetService)
 		}
 		if op.Map.Set && op.Map.Key.Endpoint() {
 			return fmt.Errorf("set %s: an endpoint key needs a map", op.Map.Name)
@@ -749,7 +750,7 @@ func elemRun(ops []Op, i int) ([]nftables.SetElement, int, error) {
 			if first.Kind != OpAddElem {
 				break
 			}
-			if err := first.Map.Key.CheckData(ops[j].Data); err != nil {
+			if err := first.Map.CheckData(ops[j].Data); err != nil {
 				return nil, 0, fmt.Errorf("op %d: element %s of %s: %w", j, ops[j].Key.Format(first.Map.Key), first.Map.Name, err)
 			}
 			if d := ops[j].Data; d.IsValid() {
@@ -856,6 +857,8 @@ func nlKeyType(k KeyType) (nftables.SetDatatype, error) {
 		return nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark), nil
 	case KeyAddr6ProtoPortIndex:
 		return nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark), nil
+	case KeyProtoPortIndex:
+		return nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark), nil
 	}
 	return nftables.SetDatatype{}, fmt.Errorf("unknown key type %q", k)
 }
@@ -895,7 +898,7 @@ func nlElemKey(kt KeyType, k MapKey) ([]byte, error) {
 			return nil, fmt.Errorf("key %s: map %s needs an IPv6 address", k, kt)
 		}
 		key = k.Addr.AsSlice()
-	case KeyProtoPort:
+	case KeyProtoPort, KeyProtoPortIndex:
 		if k.Addr.IsValid() {
 			return nil, fmt.Errorf("key %s: map %s takes no address", k, kt)
 		}

@@ -38,7 +38,9 @@ func endpointReadable(key string, e servicemodel.Endpoint) string {
 	return key + "__" + ip + "/" + strconv.Itoa(int(e.Port))
 }
 
-// renderService appends to o what one ServicePort wants, after kube-proxy:
+// renderService appends to o what one ServicePort wants, after kube-proxy.
+// A ServicePort the shared rules can DNAT (maxGroup) wants only elements
+// (renderGrouped); any other:
 //
 //   - service-…: the cluster-wide policy chain. It has affinity rules
 //     (`ip saddr @affinity-… goto endpoint-…`) and, per family with
@@ -92,7 +94,10 @@ func renderService(key string, sp *servicemodel.ServicePort, podCIDR netip.Prefi
 		names:   make([]string, len(sp.Endpoints)),
 	}
 	cluster := indexes(sp.Endpoints, sp.Usable(false))
-	if !external && sp.AffinityTimeout <= 0 && !sp.InternalLocal && r.fitsGroup(cluster) {
+	// A NodePort under the Cluster policy needs no chain either; external
+	// and load-balancer addresses do.
+	nodePortOnly := len(sp.ExternalIPs) == 0 && len(sp.LoadBalancerIPs) == 0 && (sp.NodePort == 0 || !sp.ExternalLocal)
+	if nodePortOnly && sp.AffinityTimeout <= 0 && !sp.InternalLocal && r.fitsGroup(cluster) {
 		r.renderGrouped(cluster, o)
 		return
 	}
@@ -246,7 +251,10 @@ func (o *objects) addElem(n0 int, e elem) {
 // element per endpoint in endpoints(6)-k<k>, `<clusterIP> . <proto> .
 // <port> . <n> : <ip> . <port>` for n from 0 to k-1 in the ServicePort's
 // order (groupElems); a ClusterIP of a family without endpoints in
-// no-endpoint-services(6); and hairpin elements for the endpoints.
+// no-endpoint-services(6); and hairpin elements for the endpoints. A
+// NodePort is the same with `<proto> . <nodePort>` in nodeports(6) and
+// nodeport-endpoints(6)-k<k>, per family with endpoints, or in
+// no-endpoint-nodeports when there are none.
 func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 	for _, i := range cluster {
 		o.hairpin = append(o.hairpin, r.addr(i))
@@ -271,6 +279,25 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 			continue
 		}
 		add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: packGroup(grp)})
+	}
+	if sp.NodePort == 0 {
+		return
+	}
+	k := MapKey{Protocol: r.proto, Port: sp.NodePort}
+	if len(cluster) == 0 {
+		add(elem{key: elemID{m: mapNoEndpointNodePorts, k: k}, v: Goto(chainReject)})
+		return
+	}
+	for _, v6 := range []bool{false, true} {
+		var grp []netip.AddrPort
+		for _, i := range cluster {
+			if r.is6(i) == v6 {
+				grp = append(grp, netip.AddrPortFrom(r.addr(i), sp.Endpoints[i].Port))
+			}
+		}
+		if len(grp) > 0 {
+			add(elem{key: elemID{m: pick(v6, mapNodePorts, mapNodePorts6), k: k}, grp: packGroup(grp)})
+		}
 	}
 }
 

@@ -147,6 +147,15 @@ func svcNoEndpoints() servicemodel.ServicePort {
 	}
 }
 
+// svcNodePortNoEndpoints has no chain: a NodePort alone, and nowhere to
+// send its traffic.
+func svcNodePortNoEndpoints() servicemodel.ServicePort {
+	return servicemodel.ServicePort{
+		Namespace: "default", Name: "empty-np", Protocol: "TCP",
+		ClusterIPs: []netip.Addr{ip("10.96.0.71")}, Port: 80, NodePort: 30071,
+	}
+}
+
 func svcTerminating() servicemodel.ServicePort {
 	return servicemodel.ServicePort{
 		Namespace: "default", Name: "draining", Protocol: "TCP",
@@ -161,7 +170,7 @@ func svcTerminating() servicemodel.ServicePort {
 func svcDualStack() servicemodel.ServicePort {
 	return servicemodel.ServicePort{
 		Namespace: "default", Name: "dual", Protocol: "TCP",
-		ClusterIPs: []netip.Addr{ip("10.96.0.90"), ip("fd00:96::90")}, Port: 80,
+		ClusterIPs: []netip.Addr{ip("10.96.0.90"), ip("fd00:96::90")}, Port: 80, NodePort: 30090,
 		Endpoints: []servicemodel.Endpoint{ready(tsLocalEP, 8080, true), ready(tsLocal6, 8080, true)},
 	}
 }
@@ -182,7 +191,7 @@ func tsState() nft.State {
 		Services: []servicemodel.ServicePort{
 			svcClusterIP(), svcUDP(), svcSCTP(), svcNodePort(), svcExternalIP(), svcLoadBalancer(),
 			svcAffinity(), svcInternalLocal(), svcExternalLocal(), svcExternalLocalNone(),
-			svcNoEndpoints(), svcTerminating(), svcDualStack(),
+			svcNoEndpoints(), svcNodePortNoEndpoints(), svcTerminating(), svcDualStack(),
 		},
 	}
 }
@@ -343,6 +352,8 @@ func TestTableTrace(t *testing.T) {
 		{"no endpoints: ClusterIP rejects pods", tcp(tsPod, ip("10.96.0.70"), 80), []string{"reject"}},
 		{"no endpoints: ClusterIP rejects the node", out(tcp(tsNode, ip("10.96.0.70"), 80)), []string{"reject"}},
 		{"no endpoints: NodePort rejects", tcp(tsClient, tsNode, 30070), []string{"reject"}},
+		{"no endpoints: NodePort without a chain rejects", tcp(tsClient, tsNode, 30071), []string{"reject"}},
+		{"no endpoints: ... its ClusterIP too", tcp(tsPod, ip("10.96.0.71"), 80), []string{"reject"}},
 		{"no endpoints: external IP rejects", tcp(tsClient, ip("198.51.100.8"), 80), []string{"reject"}},
 
 		{"only terminating endpoints: the serving one is used", tcp(tsPod, ip("10.96.0.80"), 80),
@@ -350,6 +361,9 @@ func TestTableTrace(t *testing.T) {
 
 		{"dual-stack: IPv4 goes to the IPv4 endpoint", tcp(tsPod, ip("10.96.0.90"), 80), []string{"dnat to 10.42.0.5:8080"}},
 		{"dual-stack: IPv6 goes to the IPv6 endpoint", tcp(tsPod6, ip("fd00:96::90"), 80), []string{"dnat to [fd00:42::5]:8080, masquerade"}},
+		{"dual-stack NodePort: IPv4 goes to the IPv4 endpoint", tcp(tsClient, tsNode, 30090), []string{"dnat to 10.42.0.5:8080, masquerade"}},
+		{"dual-stack NodePort: IPv6 goes to the IPv6 endpoint", tcp(ip("2001:db8::99"), tsNode6, 30090), []string{"dnat to [fd00:42::5]:8080, masquerade"}},
+		{"dual-stack NodePort: IPv6 loopback is not a NodePort", out(tcp(netip.IPv6Loopback(), netip.IPv6Loopback(), 30090)), []string{"accept"}},
 
 		{"hostPort from outside", tcp(tsClient, tsNode, 8443), []string{"dnat to 10.42.0.7:8080"}},
 		{"hostPort from the node", out(tcp(tsNode, tsNode, 8443)), []string{"dnat to 10.42.0.7:8080"}},

@@ -361,15 +361,19 @@ func (m MatchRandom) encode(e *ruleEncoder) error {
 // MatchSet is `ip saddr . ip daddr @set`: the packet's source and
 // destination are an element of a plain set (Map.Set) with a pair key;
 // or, with an address, protocol and port key, `ip daddr . meta l4proto .
-// th dport @set`.
+// th dport @set`; or, with a protocol and port key, `meta l4proto . th
+// dport @set`.
 type MatchSet struct {
 	Set string
-	Key KeyType // KeyAddr4Pair, KeyAddr6Pair, KeyAddr4ProtoPort or KeyAddr6ProtoPort
+	Key KeyType // KeyAddr4Pair, KeyAddr6Pair, KeyAddr4ProtoPort, KeyAddr6ProtoPort or KeyProtoPort
 }
 
 func (m MatchSet) String() string {
 	if v6, ok := m.Key.AddrProtoPort(); ok {
 		return ipFamily(v6) + " daddr . meta l4proto . th dport @" + m.Set
+	}
+	if m.Key == KeyProtoPort {
+		return "meta l4proto . th dport @" + m.Set
 	}
 	f := ipFamily(m.Key == KeyAddr6Pair)
 	return f + " saddr . " + f + " daddr @" + m.Set
@@ -380,8 +384,8 @@ func (m MatchSet) String() string {
 func (m MatchSet) Info() StmtInfo { return StmtInfo{Family: keyFamily(m.Key), Map: m.Set} }
 
 func (m MatchSet) encode(e *ruleEncoder) error {
-	if _, addrKey := m.Key.AddrProtoPort(); !m.Key.Pair() && (!addrKey || m.Key.Endpoint()) {
-		return fmt.Errorf("set key %s is neither an address pair nor address, protocol and port", m.Key)
+	if _, addrKey := m.Key.AddrProtoPort(); !m.Key.Pair() && m.Key != KeyProtoPort && (!addrKey || m.Key.Endpoint()) {
+		return fmt.Errorf("set key %s is neither an address pair nor [address,] protocol and port", m.Key)
 	}
 	x, err := nlMapLookup(MapLookup{Map: m.Set, Key: m.Key})
 	if err != nil {
@@ -514,6 +518,53 @@ func (d DNATMap) encode(e *ruleEncoder) error {
 	e.add(x[:len(x)-1]...)
 	e.add(
 		&expr.Numgen{Register: ngReg, Modulus: d.Mod, Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: nlReg1, SetName: d.Map, IsDestRegSet: true, DestRegister: nlReg1},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: portReg, Specified: true},
+	)
+	return nil
+}
+
+// DNATPortMap is `meta nfproto ipv4 dnat ip to meta l4proto . th dport .
+// numgen random mod <Mod> map @<Map>`: DNATMap for a NodePort, whose endpoint map (key
+// KeyProtoPortIndex) holds the endpoints of the family V6 says for the
+// packet's protocol, port and draw. The rule matches only packets of
+// that family.
+type DNATPortMap struct {
+	Map string
+	V6  bool
+	Mod uint32
+}
+
+// String prints the family match that comes with the statement (nft
+// lists it: no address load implies it).
+func (d DNATPortMap) String() string {
+	return fmt.Sprintf("meta nfproto %s dnat %s to meta l4proto . th dport . numgen random mod %d map @%s", ipv(d.V6), ipFamily(d.V6), d.Mod, d.Map)
+}
+
+// Info of DNATPortMap: terminal, in nat prerouting and output chains
+// only; it needs the family and looks up Map.
+func (d DNATPortMap) Info() StmtInfo {
+	return StmtInfo{Terminal: true, Family: family(d.V6), Map: d.Map, NAT: true, Hooks: dnatHooks}
+}
+
+func (d DNATPortMap) encode(e *ruleEncoder) error {
+	if d.Mod == 0 {
+		return fmt.Errorf("numgen modulus 0")
+	}
+	// The key (protocol, port, draw) in the 32-bit registers from
+	// register 1 on; the lookup writes the endpoint's address there and
+	// its port in the register after the address, where nat reads them.
+	family, portReg := uint32(unix.NFPROTO_IPV4), uint32(nlRegPort)
+	if d.V6 {
+		family, portReg = unix.NFPROTO_IPV6, nlReg2
+	}
+	x, err := nlMapLookup(MapLookup{Map: d.Map, Key: KeyProtoPort})
+	if err != nil {
+		return err
+	}
+	e.add(x[:len(x)-1]...)
+	e.add(
+		&expr.Numgen{Register: nlRegPort + 1, Modulus: d.Mod, Type: unix.NFT_NG_RANDOM},
 		&expr.Lookup{SourceRegister: nlReg1, SetName: d.Map, IsDestRegSet: true, DestRegister: nlReg1},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: nlReg1, RegProtoMin: portReg, Specified: true},
 	)

@@ -24,7 +24,9 @@ const TableName = "outpost"
 //	nat-postrouting (nat, 100)   jump masquerading; hairpin hostPort and pod egress masquerade
 //	services                     masquerade marks for @cluster-ips(6); dnat through
 //	                             @endpoints(6)-k1 … -k8; daddr . proto . dport vmap
-//	                             @service-ips(6); local daddr: proto . dport vmap
+//	                             @service-ips(6); local daddr: jump nodeports
+//	nodeports                    masquerade marks for @nodeports(6); dnat through
+//	                             @nodeport-endpoints(6)-k1 … -k8; proto . dport vmap
 //	                             @service-nodeports
 //	service-endpoints-check      daddr . proto . dport vmap @no-endpoint-services(6)
 //	nodeport-endpoints-check     local daddr: proto . dport vmap @no-endpoint-nodeports
@@ -63,6 +65,7 @@ const (
 	chainReject                 = "reject-chain"
 	chainServiceEndpointsCheck  = "service-endpoints-check"
 	chainNodePortEndpointsCheck = "nodeport-endpoints-check"
+	chainNodePorts              = "nodeports"
 )
 
 // Verdict maps, and the hairpin sets.
@@ -77,6 +80,8 @@ const (
 	mapNameHairpin6            = "hairpin-endpoints6"
 	mapNameClusterIPs          = "cluster-ips"
 	mapNameClusterIPs6         = "cluster-ips6"
+	mapNameNodePorts           = "nodeports"
+	mapNameNodePorts6          = "nodeports6"
 )
 
 // maxGroup is the most endpoints (of one address family) a Service may
@@ -85,8 +90,11 @@ const (
 // numgen random mod k map @endpoints-k<k>` (and endpoints6-k<k> for
 // IPv6), whose maps hold every such Service's endpoints. Such a Service
 // is elements only, so adding, changing or removing it does not make the
-// kernel check the whole table at commit. A Service with more endpoints,
-// ClientIP affinity, a Local traffic policy, a NodePort or external
+// kernel check the whole table at commit. Its NodePort, under the
+// Cluster external traffic policy, is DNATed the same way by the rules of
+// the nodeports chain, through the maps nodeport-endpoints(6)-k<k> keyed
+// by protocol, port and draw. A Service with more endpoints, ClientIP
+// affinity, a Local traffic policy, or external or load-balancer
 // addresses has chains of its own.
 const maxGroup = 8
 
@@ -97,6 +105,12 @@ func endpointsMapName(v6 bool, k int) string {
 		return "endpoints6-k" + strconv.Itoa(k)
 	}
 	return "endpoints-k" + strconv.Itoa(k)
+}
+
+// nodePortEndpointsMapName is the name of the endpoint map for NodePorts
+// with k endpoints of the family.
+func nodePortEndpointsMapName(v6 bool, k int) string {
+	return "nodeport-" + endpointsMapName(v6, k)
 }
 
 // Name prefixes of per-ServicePort chains and sets, followed by
@@ -128,9 +142,13 @@ const (
 	mapHairpin6
 	mapClusterIPs
 	mapClusterIPs6
-	mapEndpoints                            // endpoints-k1; endpoints-k<k> is mapEndpoints+k-1
-	mapEndpoints6 = mapEndpoints + maxGroup // endpoints6-k1
-	numMaps       = mapEndpoints6 + maxGroup
+	mapNodePorts
+	mapNodePorts6
+	mapEndpoints                                    // endpoints-k1; endpoints-k<k> is mapEndpoints+k-1
+	mapEndpoints6         = mapEndpoints + maxGroup // endpoints6-k1
+	mapNodePortEndpoints  = mapEndpoints6 + maxGroup
+	mapNodePortEndpoints6 = mapNodePortEndpoints + maxGroup
+	numMaps               = mapNodePortEndpoints6 + maxGroup
 )
 
 var tableMaps = func() [numMaps]Map {
@@ -145,10 +163,14 @@ var tableMaps = func() [numMaps]Map {
 		mapHairpin6:            {Name: mapNameHairpin6, Key: KeyAddr6Pair, Set: true},
 		mapClusterIPs:          {Name: mapNameClusterIPs, Key: KeyAddr4ProtoPort, Set: true},
 		mapClusterIPs6:         {Name: mapNameClusterIPs6, Key: KeyAddr6ProtoPort, Set: true},
+		mapNodePorts:           {Name: mapNameNodePorts, Key: KeyProtoPort, Set: true},
+		mapNodePorts6:          {Name: mapNameNodePorts6, Key: KeyProtoPort, Set: true},
 	}
 	for k := 1; k <= maxGroup; k++ {
 		m[endpointsMap(false, k)] = Map{Name: endpointsMapName(false, k), Key: KeyAddr4ProtoPortIndex}
 		m[endpointsMap(true, k)] = Map{Name: endpointsMapName(true, k), Key: KeyAddr6ProtoPortIndex}
+		m[nodePortEndpointsMap(false, k)] = Map{Name: nodePortEndpointsMapName(false, k), Key: KeyProtoPortIndex}
+		m[nodePortEndpointsMap(true, k)] = Map{Name: nodePortEndpointsMapName(true, k), Key: KeyProtoPortIndex, V6: true}
 	}
 	return m
 }()
@@ -160,6 +182,15 @@ func endpointsMap(v6 bool, k int) mapID {
 		return mapEndpoints6 + mapID(k-1)
 	}
 	return mapEndpoints + mapID(k-1)
+}
+
+// nodePortEndpointsMap is the endpoint map for NodePorts with k (1 to
+// maxGroup) endpoints of the family.
+func nodePortEndpointsMap(v6 bool, k int) mapID {
+	if v6 {
+		return mapNodePortEndpoints6 + mapID(k-1)
+	}
+	return mapNodePortEndpoints + mapID(k-1)
 }
 
 var (
@@ -353,24 +384,29 @@ func (g group) at(n int) netip.AddrPort {
 
 // groupElems are the endpoint map elements that come with the
 // cluster-ips(6) key k when its endpoints are grp: `k . n : grp.at(n)`
-// in endpoints(6)-k<grp.len()>.
-func groupElems(k MapKey, grp group) (mapID, []MapKey) {
+// in endpoints(6)-k<grp.len()>; or, for a key of nodeports(6),
+// nodeport-endpoints(6)-k<grp.len()>.
+func groupElems(k elemID, grp group) (mapID, []MapKey) {
 	if grp == "" {
 		return 0, nil
 	}
 	keys := make([]MapKey, grp.len())
 	for n := range keys {
-		keys[n] = k
+		keys[n] = k.k
 		keys[n].Index = uint32(n)
 	}
-	return endpointsMap(k.Addr.Is6(), len(keys)), keys
+	switch k.m {
+	case mapNodePorts, mapNodePorts6:
+		return nodePortEndpointsMap(k.m == mapNodePorts6, len(keys)), keys
+	}
+	return endpointsMap(k.k.Addr.Is6(), len(keys)), keys
 }
 
 // addElem appends the OpAddElem of key k mapping to v, and those of the
 // endpoint elements that come with it.
 func addElem(tx *Tx, k elemID, v Verdict, grp group) {
 	tx.AddElem(tableMaps[k.m], k.k, v)
-	m, keys := groupElems(k.k, grp)
+	m, keys := groupElems(k, grp)
 	for n, ek := range keys {
 		tx.AddEndpointElem(tableMaps[m], ek, grp.at(n))
 	}
@@ -380,16 +416,17 @@ func addElem(tx *Tx, k elemID, v Verdict, grp group) {
 // that came with it.
 func delElem(tx *Tx, k elemID, grp group) {
 	tx.DelElem(tableMaps[k.m], k.k)
-	m, keys := groupElems(k.k, grp)
+	m, keys := groupElems(k, grp)
 	for _, ek := range keys {
 		tx.DelElem(tableMaps[m], ek)
 	}
 }
 
-// changeGroup appends what turns the endpoint elements of cluster-ips
-// key k from those of old to those of cur (both not empty): when their
-// number is the same, only the endpoints that differ are replaced.
-func changeGroup(tx *Tx, k MapKey, old, cur group) {
+// changeGroup appends what turns the endpoint elements of cluster-ips or
+// nodeports key k from those of old to those of cur (both not empty):
+// when their number is the same, only the endpoints that differ are
+// replaced.
+func changeGroup(tx *Tx, k elemID, old, cur group) {
 	om, okeys := groupElems(k, old)
 	cm, ckeys := groupElems(k, cur)
 	for n, ek := range okeys {
@@ -941,7 +978,7 @@ func (d *delta) tx() *Tx {
 		if before.svc != "" {
 			if before.v == after.v {
 				if before.grp != after.grp {
-					changeGroup(tx, k.k, before.grp, after.grp)
+					changeGroup(tx, k, before.grp, after.grp)
 				}
 				continue
 			}
@@ -1066,9 +1103,26 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 	services = append(services,
 		rule(lookup(mapServiceIPs)),
 		rule(lookup(mapServiceIPs6)),
-		rule(local, notLoopback4, lookup(mapServiceNodePorts)),
-		rule(local, notLoopback6, lookup(mapServiceNodePorts)),
+		rule(local, jump(chainNodePorts)),
 	)
+	// NodePorts, on the node's addresses but loopback: those DNATed by
+	// the shared rules (see maxGroup) are masqueraded (the Cluster
+	// policy), then DNATed as the cluster IPs are; the others go to their
+	// chains.
+	ret := VerdictStmt{Verdict{Kind: VerdictReturn}}
+	nodePorts := []Rule{
+		rule(MatchAddr{Dst: true, Prefix: loopback4}, ret),
+		rule(MatchAddr{Dst: true, Prefix: loopback6}, ret),
+	}
+	for _, v6 := range []bool{false, true} {
+		nodePorts = append(nodePorts, rule(MatchFamily{V6: v6}, matchSet(pick(v6, mapNodePorts, mapNodePorts6)), jump(chainMarkMasq)))
+	}
+	for _, v6 := range []bool{false, true} {
+		for k := 1; k <= maxGroup; k++ {
+			nodePorts = append(nodePorts, rule(DNATPortMap{Map: nodePortEndpointsMapName(v6, k), V6: v6, Mod: uint32(k)}))
+		}
+	}
+	nodePorts = append(nodePorts, rule(lookup(mapServiceNodePorts)))
 	post := []Rule{
 		rule(MatchDNATed{}, matchSet(mapHairpin), jump(chainMarkMasq)),
 		rule(MatchDNATed{}, matchSet(mapHairpin6), jump(chainMarkMasq)),
@@ -1100,6 +1154,7 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 		),
 		base(natPostrouting, ChainTypeNAT, HookPostrouting, prioritySNAT, post...),
 		regular(chainServices, services...),
+		regular(chainNodePorts, nodePorts...),
 		regular(chainServiceEndpointsCheck,
 			rule(lookup(mapNoEndpointServices)),
 			rule(lookup(mapNoEndpointServices6)),

@@ -151,12 +151,21 @@ func opTouches(op nft.Op, sp servicemodel.ServicePort) bool {
 // TestSyncNoChange: a Sync with the same State applies nothing; a
 // duplicate ServicePort is ignored (the first counts).
 // TestSyncGroupedElementsOnly: adding, changing and deleting a ClusterIP
-// Service with up to maxGroup endpoints sends map elements only, which
-// the kernel does not check the table for; one that grows past maxGroup
-// gets its own chains, and one that shrinks again loses them.
+// Service with up to maxGroup endpoints, or the same with a NodePort,
+// sends map elements only, which the kernel does not check the table
+// for; one that grows past maxGroup gets its own chains, and one that
+// shrinks again loses them.
 func TestSyncGroupedElementsOnly(t *testing.T) {
+	t.Run("ClusterIP", func(t *testing.T) { testSyncGroupedElementsOnly(t, 0) })
+	t.Run("NodePort", func(t *testing.T) { testSyncGroupedElementsOnly(t, 32700) })
+}
+
+// testSyncGroupedElementsOnly is TestSyncGroupedElementsOnly for a
+// Service with nodePort (0: none).
+func testSyncGroupedElementsOnly(t *testing.T, nodePort uint16) {
 	base := genState(40)
 	extra := genService(41) // no NodePort
+	extra.NodePort = nodePort
 	extra.ClusterIPs = append(extra.ClusterIPs, ip("fd00:96::41"))
 	extra.Endpoints = append(extra.Endpoints, ready(ip("fd00:42::41"), 8080, false))
 	fewer := extra
@@ -202,8 +211,12 @@ func TestSyncGroupedElementsOnly(t *testing.T) {
 		if !step.elemOnly && !chains {
 			t.Errorf("%s: no chain changed", step.name)
 		}
-		if step.name == "one endpoint replaced" && len(f.Last()) != 4 {
-			t.Errorf("%s: %d ops, want 4 (the endpoint's element deleted and added, a hairpin element added and one deleted)", step.name, len(f.Last()))
+		want := 4 // the endpoint's element deleted and added, a hairpin element added and one deleted
+		if nodePort != 0 {
+			want += 2 // and its NodePort element
+		}
+		if step.name == "one endpoint replaced" && len(f.Last()) != want {
+			t.Errorf("%s: %d ops, want %d (the endpoint's elements deleted and added, a hairpin element added and one deleted)", step.name, len(f.Last()), want)
 		}
 		checkEqualsFull(t, f, tb, s)
 	}

@@ -77,6 +77,7 @@ type fakeChain struct {
 type fakeMap struct {
 	key   nft.KeyType
 	set   bool // a plain set: elements have no verdict
+	v6    bool // the family of a KeyProtoPortIndex map's endpoints
 	elems map[nft.MapKey]fakeElem
 }
 
@@ -343,12 +344,12 @@ func (x *fakeTx) apply(op nft.Op) error {
 			return fmt.Errorf("a set has that name: %w", unix.EEXIST)
 		}
 		if m := t.maps[op.Map.Name]; m != nil {
-			if m.key != op.Map.Key || m.set != op.Map.Set {
+			if m.key != op.Map.Key || m.set != op.Map.Set || m.v6 != op.Map.V6 {
 				return fmt.Errorf("map exists with key %s: %w", m.key, unix.EEXIST)
 			}
 			return nil
 		}
-		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, elems: map[nft.MapKey]fakeElem{}})
+		x.setMap(op.Map.Name, &fakeMap{key: op.Map.Key, set: op.Map.Set, v6: op.Map.V6, elems: map[nft.MapKey]fakeElem{}})
 	case nft.OpDelMap:
 		m := t.maps[op.Map.Name]
 		if m == nil {
@@ -386,7 +387,7 @@ func (x *fakeTx) apply(op nft.Op) error {
 				return err
 			}
 		}
-		if err := m.key.CheckData(op.Data); err != nil {
+		if err := m.def().CheckData(op.Data); err != nil {
 			return fmt.Errorf("element %s of %s: %w", k.Format(m.key), op.Map.Name, err)
 		}
 		el := fakeElem{Verdict: op.Verdict, data: op.Data}
@@ -503,7 +504,7 @@ func checkBase(b nft.Base) error {
 func checkKeyType(k nft.KeyType) error {
 	switch k {
 	case nft.KeyAddr4ProtoPort, nft.KeyAddr6ProtoPort, nft.KeyProtoPort, nft.KeyAddr4Pair, nft.KeyAddr6Pair,
-		nft.KeyAddr4ProtoPortIndex, nft.KeyAddr6ProtoPortIndex:
+		nft.KeyAddr4ProtoPortIndex, nft.KeyAddr6ProtoPortIndex, nft.KeyProtoPortIndex:
 		return nil
 	}
 	return fmt.Errorf("unknown key type %q: %w", k, unix.EINVAL)
@@ -552,13 +553,16 @@ func checkElemKey(mapKey, opKey nft.KeyType, k nft.MapKey) (nft.MapKey, error) {
 		if !k.Addr.Is6() || k.Addr.Is4In6() {
 			return k, fmt.Errorf("key %s: map %s needs an IPv6 address: %w", k, mapKey, unix.EINVAL)
 		}
-	case nft.KeyProtoPort:
+	case nft.KeyProtoPort, nft.KeyProtoPortIndex:
 		if k.Addr.IsValid() {
 			return k, fmt.Errorf("key %s: map %s takes no address: %w", k, mapKey, unix.EINVAL)
 		}
 	}
 	return k, nil
 }
+
+// def is m as an nft.Map (without its name).
+func (m *fakeMap) def() nft.Map { return nft.Map{Key: m.key, Set: m.set, V6: m.v6} }
 
 func (t *fakeTable) checkVerdict(v nft.Verdict) error {
 	switch v.Kind {
@@ -841,7 +845,7 @@ func (f *Fake) Dump() string {
 		if m.set {
 			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", name, m.key)
 		} else {
-			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, m.key.DataType())
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : %s\n", name, m.key, m.def().DataType())
 		}
 		if len(m.elems) > 0 {
 			elems := make([]string, 0, len(m.elems))

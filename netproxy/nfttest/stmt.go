@@ -214,7 +214,7 @@ var stmtKinds = map[reflect.Type]stmtKind{
 			if !m.set {
 				return fmt.Errorf("%q is a map, not a set: %w", s.Set, unix.EINVAL)
 			}
-			if _, addrKey := s.Key.AddrProtoPort(); m.key != s.Key || !s.Key.Pair() && (!addrKey || s.Key.Endpoint()) {
+			if _, addrKey := s.Key.AddrProtoPort(); m.key != s.Key || !s.Key.Pair() && s.Key != nft.KeyProtoPort && (!addrKey || s.Key.Endpoint()) {
 				return fmt.Errorf("set %q has key %s, lookup loads %s: %w", s.Set, m.key, s.Key, unix.EINVAL)
 			}
 			return nil
@@ -223,6 +223,10 @@ var stmtKinds = map[reflect.Type]stmtKind{
 			m := tr.t.maps[s.Set]
 			if m == nil {
 				return noMatch, fmt.Errorf("set %s: no such set", s.Set)
+			}
+			if s.Key == nft.KeyProtoPort {
+				_, ok := m.elems[nft.MapKey{Protocol: st.proto, Port: st.port}]
+				return matchIf(ok), nil
 			}
 			k := nft.MapKey{Addr: st.src, Addr2: st.dst}
 			v6, ok := s.Key.AddrProtoPort()
@@ -306,25 +310,39 @@ var stmtKinds = map[reflect.Type]stmtKind{
 					hits = append(hits, e.data)
 				}
 			}
-			if len(hits) == 0 {
-				return noMatch, nil
+			return tr.dnatDraws(st, s.Mod, hits), nil
+		}),
+
+	reflect.TypeFor[nft.DNATPortMap](): kind(
+		func(t *fakeTable, s nft.DNATPortMap) error {
+			if s.Mod == 0 {
+				return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
 			}
-			share := st.out.Share / float64(s.Mod)
-			if miss := int(s.Mod) - len(hits); miss > 0 {
-				f := st.clone()
-				f.out.Share = share * float64(miss)
-				tr.forks = append(tr.forks, f)
+			m := t.maps[s.Map]
+			if m == nil {
+				return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
 			}
-			for _, d := range hits[1:] {
-				f := st.clone()
-				f.out.Share = share
-				f.dnat(d)
-				tr.verdict(f, *accept.verdict)
-				tr.forks = append(tr.forks, f)
+			if m.key != nft.KeyProtoPortIndex || m.v6 != s.V6 {
+				return fmt.Errorf("map %q has key %s (IPv6 endpoints: %v), dnat %s loads %s: %w",
+					s.Map, m.key, m.v6, nft.AddrType(s.V6), nft.KeyProtoPortIndex, unix.EINVAL)
 			}
-			st.out.Share = share
-			st.dnat(hits[0])
-			return accept, nil
+			return nil
+		},
+		func(tr *tracer, st *traceState, s nft.DNATPortMap) (ruleResult, error) {
+			if s.V6 != st.v6() {
+				return noMatch, nil // the rule matches the family first
+			}
+			m := tr.t.maps[s.Map]
+			if m == nil {
+				return noMatch, fmt.Errorf("map %s: no such map", s.Map)
+			}
+			var hits []netip.AddrPort
+			for i := range s.Mod {
+				if e, ok := m.elems[nft.MapKey{Protocol: st.proto, Port: st.port, Index: i}]; ok {
+					hits = append(hits, e.data)
+				}
+			}
+			return tr.dnatDraws(st, s.Mod, hits), nil
 		}),
 
 	reflect.TypeFor[nft.Masquerade](): kind(nil,
@@ -372,4 +390,29 @@ func loadsAddr(stmts []nft.Stmt, v6 bool) bool {
 		}
 	}
 	return false
+}
+
+// dnatDraws follows the mod draws of a DNAT through an endpoint map, of
+// which hits had an element: those the map has no element for go on with
+// the next rule together, the others DNAT.
+func (tr *tracer) dnatDraws(st *traceState, mod uint32, hits []netip.AddrPort) ruleResult {
+	if len(hits) == 0 {
+		return noMatch
+	}
+	share := st.out.Share / float64(mod)
+	if miss := int(mod) - len(hits); miss > 0 {
+		f := st.clone()
+		f.out.Share = share * float64(miss)
+		tr.forks = append(tr.forks, f)
+	}
+	for _, d := range hits[1:] {
+		f := st.clone()
+		f.out.Share = share
+		f.dnat(d)
+		tr.verdict(f, *accept.verdict)
+		tr.forks = append(tr.forks, f)
+	}
+	st.out.Share = share
+	st.dnat(hits[0])
+	return accept
 }
