@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -71,11 +72,23 @@ func writeEtcFiles(dir string, pod *corev1.Pod, cfg PodConfig, podIP string) err
 		return err
 	}
 	for name, data := range map[string]string{"etc-hosts": hosts.String(), "etc-hostname": hostname + "\n", "resolv.conf": resolv} {
-		if err := writeAtomic(filepath.Join(dir, name), []byte(data)); err != nil {
+		if err := writeIfChanged(filepath.Join(dir, name), []byte(data)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// writeIfChanged writes data to path (writeAtomic) unless path holds it
+// already, as it does when the agent starts again, after a reboot or
+// not: the file and its inode stay, so a running container's bind mount
+// of it still shows the file, and a board's SD card is spared three
+// writes a pod.
+func writeIfChanged(path string, data []byte) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	return writeAtomic(path, data)
 }
 
 func resolvConf(pod *corev1.Pod, cfg PodConfig) (string, error) {

@@ -71,3 +71,48 @@ func TestEtcHostsAsKubeletWritesIt(t *testing.T) {
 		}
 	}
 }
+
+// The etc files are written again only when they change: an agent that
+// starts again leaves the files (and their inodes, which running
+// containers have bind-mounted) as they are.
+func TestEtcFilesRewrittenOnlyWhenChanged(t *testing.T) {
+	dir := t.TempDir()
+	cfg := PodConfig{ClusterDNS: "10.43.0.10", ClusterDomain: "cluster.local"}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"}}
+	if err := writeEtcFiles(dir, pod, cfg, "10.42.0.7"); err != nil {
+		t.Fatal(err)
+	}
+	stat := func(name string) os.FileInfo {
+		t.Helper()
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+	names := []string{"etc-hosts", "etc-hostname", "resolv.conf"}
+	before := map[string]os.FileInfo{}
+	for _, n := range names {
+		before[n] = stat(n)
+	}
+	if err := writeEtcFiles(dir, pod, cfg, "10.42.0.7"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if !os.SameFile(before[n], stat(n)) {
+			t.Errorf("%s was replaced with the same content", n)
+		}
+	}
+	if err := writeEtcFiles(dir, pod, cfg, "10.42.0.8"); err != nil {
+		t.Fatal(err)
+	}
+	if os.SameFile(before["etc-hosts"], stat("etc-hosts")) {
+		t.Error("etc-hosts was not replaced when the pod's address changed")
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "etc-hosts")); !strings.Contains(string(got), "10.42.0.8\tweb\n") {
+		t.Errorf("etc-hosts after the address changed:\n%s", got)
+	}
+	if !os.SameFile(before["resolv.conf"], stat("resolv.conf")) {
+		t.Error("resolv.conf was replaced though it did not change")
+	}
+}
