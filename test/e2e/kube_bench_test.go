@@ -357,6 +357,8 @@ func newBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
+	// The agent's runDir is a tmpfs, as /run/outpost is on a board.
+	env.Tmpfs(b, n.runDir())
 	kubeconfig := ""
 	if api != nil {
 		kubeconfig = "kubeconfig: " + api.NodeKubeconfig(b, name)
@@ -378,7 +380,7 @@ network:
 log:
   level: %s
 `, name, filepath.Join(dir, "state"), filepath.Join(dir, "manifests"), filepath.Join(dir, "images"),
-		filepath.Join(dir, "logs"), filepath.Join(dir, "run"), kubeconfig, ctrd.Address, ns, ctrd.CgroupParent, cmp.Or(os.Getenv("BENCH_SHIM_GROUPS"), "4"), n.podNetns, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
+		filepath.Join(dir, "logs"), n.runDir(), kubeconfig, ctrd.Address, ns, ctrd.CgroupParent, cmp.Or(os.Getenv("BENCH_SHIM_GROUPS"), "4"), n.podNetns, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -408,6 +410,9 @@ log:
 	})
 	return n
 }
+
+// runDir is the agent's runDir: a tmpfs, which a reboot empties.
+func (n *benchNode) runDir() string { return filepath.Join(n.dir, "run") }
 
 // removePodNetns removes the pins of the node's pod network namespaces.
 func (n *benchNode) removePodNetns() {

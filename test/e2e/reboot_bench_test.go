@@ -156,8 +156,12 @@ func rebootOutpost(b *testing.B, started string) (took, cpu time.Duration) {
 	n.kill()
 	clearStarted(b, started)
 	n.ctrd.PowerCutThen(b, func() {
-		// A reboot empties /run: runc's state, the network namespaces.
+		// A reboot empties /run: runc's state, the agent's runDir, the
+		// network namespaces.
 		os.RemoveAll(filepath.Join("/run/containerd/runc", n.netns))
+		if err := env.ResetTmpfs(n.runDir()); err != nil {
+			b.Fatal(err)
+		}
 		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 		addNetns(b, n.netns)
@@ -314,10 +318,12 @@ func rebootFloor(b *testing.B, started string) (took, cpu time.Duration) {
 			exec.Command(runc, "--root", root, "delete", "--force", id).Run()
 		}
 	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	// runc's state is on a tmpfs, as /run/runc is on a real machine.
+	env.Tmpfs(b, root)
 	b.Cleanup(func() {
 		remove()
 		env.RemoveCgroups(b, cgroup)
-		os.RemoveAll(dir)
 	})
 
 	spec := floorSpec(b, runc, rootfs, started)

@@ -285,6 +285,42 @@ func RemoveCgroups(t testing.TB, parent string, podUIDs ...string) {
 	t.Errorf("remove cgroups under %s: %v", parent, err)
 }
 
+// Tmpfs mounts an empty tmpfs on dir (made if missing), as /run is on a
+// real machine, and unmounts it, and what was mounted under it, in t's
+// cleanup.
+func Tmpfs(t testing.TB, dir string) {
+	t.Helper()
+	if err := mountTmpfs(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unmountUnder(dir)
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+	})
+}
+
+// ResetTmpfs replaces the tmpfs on dir (Tmpfs) with an empty one, as a
+// reboot empties /run; what was mounted under it is unmounted first.
+func ResetTmpfs(dir string) error {
+	if err := unmountUnder(dir); err != nil {
+		return err
+	}
+	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	return mountTmpfs(dir)
+}
+
+func mountTmpfs(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mount a tmpfs on %s: %w", dir, err)
+	}
+	return nil
+}
+
 // unmountUnder lazily unmounts every mount below dir, deepest first.
 func unmountUnder(dir string) error {
 	f, err := os.Open("/proc/self/mountinfo")
