@@ -94,10 +94,9 @@ func renderService(key string, sp *servicemodel.ServicePort, podCIDR netip.Prefi
 		names:   make([]string, len(sp.Endpoints)),
 	}
 	cluster := indexes(sp.Endpoints, sp.Usable(false))
-	// A NodePort under the Cluster policy needs no chain either; external
-	// and load-balancer addresses do.
-	nodePortOnly := len(sp.ExternalIPs) == 0 && len(sp.LoadBalancerIPs) == 0 && (sp.NodePort == 0 || !sp.ExternalLocal)
-	if nodePortOnly && sp.AffinityTimeout <= 0 && !sp.InternalLocal && r.fitsGroup(cluster) {
+	// A NodePort and external addresses under the Cluster policy need no
+	// chain either.
+	if (!external || !sp.ExternalLocal) && sp.AffinityTimeout <= 0 && !sp.InternalLocal && r.fitsGroup(cluster) {
 		r.renderGrouped(cluster, o)
 		return
 	}
@@ -251,10 +250,11 @@ func (o *objects) addElem(n0 int, e elem) {
 // element per endpoint in endpoints(6)-k<k>, `<clusterIP> . <proto> .
 // <port> . <n> : <ip> . <port>` for n from 0 to k-1 in the ServicePort's
 // order (groupElems); a ClusterIP of a family without endpoints in
-// no-endpoint-services(6); and hairpin elements for the endpoints. A
-// NodePort is the same with `<proto> . <nodePort>` in nodeports(6) and
-// nodeport-endpoints(6)-k<k>, per family with endpoints, or in
-// no-endpoint-nodeports when there are none.
+// no-endpoint-services(6); and hairpin elements for the endpoints. An
+// external or load-balancer address is a ClusterIP with, besides, its key
+// in external-ips(6). A NodePort is the same with `<proto> . <nodePort>`
+// in nodeports(6) and nodeport-endpoints(6)-k<k>, per family with
+// endpoints, or in no-endpoint-nodeports when there are none.
 func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 	for _, i := range cluster {
 		o.hairpin = append(o.hairpin, r.addr(i))
@@ -262,24 +262,37 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 	n0 := len(o.elems)
 	add := func(e elem) { o.addElem(n0, e) }
 	sp := r.sp
-	for _, ip := range sp.ClusterIPs {
-		ip = ip.Unmap()
-		v6 := ip.Is6()
-		k := MapKey{Addr: ip, Protocol: r.proto, Port: sp.Port}
+	groups := map[bool]group{} // by family: IPv6 or not
+	for _, v6 := range []bool{false, true} {
 		var grp []netip.AddrPort
 		for _, i := range cluster {
 			if r.is6(i) == v6 {
 				grp = append(grp, netip.AddrPortFrom(r.addr(i), sp.Endpoints[i].Port))
 			}
 		}
-		if len(grp) == 0 {
-			// Endpoints of the other family only: as a chain's
-			// ClusterIP with none of its own, rejected.
-			add(elem{key: elemID{m: pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k: k}, v: Goto(chainReject)})
-			continue
-		}
-		add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: packGroup(grp)})
+		groups[v6] = packGroup(grp)
 	}
+	grpOf := func(v6 bool) group { return groups[v6] }
+	addrs := func(ips []netip.Addr, external bool) {
+		for _, ip := range ips {
+			ip = ip.Unmap()
+			v6 := ip.Is6()
+			k := MapKey{Addr: ip, Protocol: r.proto, Port: sp.Port}
+			if grpOf(v6) == "" {
+				// Endpoints of the other family only: as a chain's
+				// address with none of its own, rejected.
+				add(elem{key: elemID{m: pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k: k}, v: Goto(chainReject)})
+				continue
+			}
+			add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: grpOf(v6)})
+			if external {
+				add(elem{key: elemID{m: pick(v6, mapExternalIPs, mapExternalIPs6), k: k}})
+			}
+		}
+	}
+	addrs(sp.ClusterIPs, false)
+	addrs(sp.ExternalIPs, true)
+	addrs(sp.LoadBalancerIPs, true)
 	if sp.NodePort == 0 {
 		return
 	}
@@ -289,14 +302,8 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 		return
 	}
 	for _, v6 := range []bool{false, true} {
-		var grp []netip.AddrPort
-		for _, i := range cluster {
-			if r.is6(i) == v6 {
-				grp = append(grp, netip.AddrPortFrom(r.addr(i), sp.Endpoints[i].Port))
-			}
-		}
-		if len(grp) > 0 {
-			add(elem{key: elemID{m: pick(v6, mapNodePorts, mapNodePorts6), k: k}, grp: packGroup(grp)})
+		if grp := grpOf(v6); grp != "" {
+			add(elem{key: elemID{m: pick(v6, mapNodePorts, mapNodePorts6), k: k}, grp: grp})
 		}
 	}
 }

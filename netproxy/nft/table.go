@@ -22,7 +22,8 @@ const TableName = "outpost"
 //	nat-prerouting (nat, -100)   fib daddr type local jump hostports; jump services
 //	nat-output (nat, -100)       the same, but not for loopback destinations
 //	nat-postrouting (nat, 100)   jump masquerading; hairpin hostPort and pod egress masquerade
-//	services                     masquerade marks for @cluster-ips(6); dnat through
+//	services                     masquerade marks for @cluster-ips(6) and
+//	                             @external-ips(6); dnat through
 //	                             @endpoints(6)-k1 … -k8; daddr . proto . dport vmap
 //	                             @service-ips(6); local daddr: jump nodeports
 //	nodeports                    masquerade marks for @nodeports(6); dnat through
@@ -82,6 +83,8 @@ const (
 	mapNameClusterIPs6         = "cluster-ips6"
 	mapNameNodePorts           = "nodeports"
 	mapNameNodePorts6          = "nodeports6"
+	mapNameExternalIPs         = "external-ips"
+	mapNameExternalIPs6        = "external-ips6"
 )
 
 // maxGroup is the most endpoints (of one address family) a Service may
@@ -90,12 +93,13 @@ const (
 // numgen random mod k map @endpoints-k<k>` (and endpoints6-k<k> for
 // IPv6), whose maps hold every such Service's endpoints. Such a Service
 // is elements only, so adding, changing or removing it does not make the
-// kernel check the whole table at commit. Its NodePort, under the
-// Cluster external traffic policy, is DNATed the same way by the rules of
-// the nodeports chain, through the maps nodeport-endpoints(6)-k<k> keyed
-// by protocol, port and draw. A Service with more endpoints, ClientIP
-// affinity, a Local traffic policy, or external or load-balancer
-// addresses has chains of its own.
+// kernel check the whole table at commit. Under the Cluster external
+// traffic policy, its external and load-balancer addresses are DNATed by
+// the same rules (their keys are in cluster-ips(6) and, to be
+// masqueraded from anywhere, external-ips(6)), and its NodePort by the
+// rules of the nodeports chain, through the maps nodeport-endpoints(6)-k<k>
+// keyed by protocol, port and draw. A Service with more endpoints,
+// ClientIP affinity or a Local traffic policy has chains of its own.
 const maxGroup = 8
 
 // endpointsMapName is the name of the endpoint map for Services with k
@@ -144,6 +148,8 @@ const (
 	mapClusterIPs6
 	mapNodePorts
 	mapNodePorts6
+	mapExternalIPs
+	mapExternalIPs6
 	mapEndpoints                                    // endpoints-k1; endpoints-k<k> is mapEndpoints+k-1
 	mapEndpoints6         = mapEndpoints + maxGroup // endpoints6-k1
 	mapNodePortEndpoints  = mapEndpoints6 + maxGroup
@@ -165,6 +171,8 @@ var tableMaps = func() [numMaps]Map {
 		mapClusterIPs6:         {Name: mapNameClusterIPs6, Key: KeyAddr6ProtoPort, Set: true},
 		mapNodePorts:           {Name: mapNameNodePorts, Key: KeyProtoPort, Set: true},
 		mapNodePorts6:          {Name: mapNameNodePorts6, Key: KeyProtoPort, Set: true},
+		mapExternalIPs:         {Name: mapNameExternalIPs, Key: KeyAddr4ProtoPort, Set: true},
+		mapExternalIPs6:        {Name: mapNameExternalIPs6, Key: KeyAddr6ProtoPort, Set: true},
 	}
 	for k := 1; k <= maxGroup; k++ {
 		m[endpointsMap(false, k)] = Map{Name: endpointsMapName(false, k), Key: KeyAddr4ProtoPortIndex}
@@ -1094,6 +1102,12 @@ func renderFixed(podCIDR netip.Prefix, hostPorts []HostPort) []chainDef {
 			stmts = append(stmts, MatchAddr{Not: true, Prefix: podCIDR})
 		}
 		services = append(services, rule(append(stmts, jump(chainMarkMasq))...))
+	}
+	// Their external and load-balancer addresses, under the Cluster
+	// policy, are masqueraded whatever the source, then DNATed as the
+	// cluster IPs are (their keys are in cluster-ips(6) too).
+	for _, v6 := range []bool{false, true} {
+		services = append(services, rule(matchSet(pick(v6, mapExternalIPs, mapExternalIPs6)), jump(chainMarkMasq)))
 	}
 	for _, v6 := range []bool{false, true} {
 		for k := 1; k <= maxGroup; k++ {

@@ -151,21 +151,23 @@ func opTouches(op nft.Op, sp servicemodel.ServicePort) bool {
 // TestSyncNoChange: a Sync with the same State applies nothing; a
 // duplicate ServicePort is ignored (the first counts).
 // TestSyncGroupedElementsOnly: adding, changing and deleting a ClusterIP
-// Service with up to maxGroup endpoints, or the same with a NodePort,
-// sends map elements only, which the kernel does not check the table
+// Service with up to maxGroup endpoints, or the same with a NodePort or
+// an external IP, sends map elements only, which the kernel does not check the table
 // for; one that grows past maxGroup gets its own chains, and one that
 // shrinks again loses them.
 func TestSyncGroupedElementsOnly(t *testing.T) {
-	t.Run("ClusterIP", func(t *testing.T) { testSyncGroupedElementsOnly(t, 0) })
-	t.Run("NodePort", func(t *testing.T) { testSyncGroupedElementsOnly(t, 32700) })
+	t.Run("ClusterIP", func(t *testing.T) { testSyncGroupedElementsOnly(t, 0, nil) })
+	t.Run("NodePort", func(t *testing.T) { testSyncGroupedElementsOnly(t, 32700, nil) })
+	t.Run("external IP", func(t *testing.T) { testSyncGroupedElementsOnly(t, 0, []netip.Addr{ip("198.51.100.41")}) })
 }
 
 // testSyncGroupedElementsOnly is TestSyncGroupedElementsOnly for a
-// Service with nodePort (0: none).
-func testSyncGroupedElementsOnly(t *testing.T, nodePort uint16) {
+// Service with nodePort (0: none) and externalIPs.
+func testSyncGroupedElementsOnly(t *testing.T, nodePort uint16, externalIPs []netip.Addr) {
 	base := genState(40)
 	extra := genService(41) // no NodePort
 	extra.NodePort = nodePort
+	extra.ExternalIPs = externalIPs
 	extra.ClusterIPs = append(extra.ClusterIPs, ip("fd00:96::41"))
 	extra.Endpoints = append(extra.Endpoints, ready(ip("fd00:42::41"), 8080, false))
 	fewer := extra
@@ -215,6 +217,7 @@ func testSyncGroupedElementsOnly(t *testing.T, nodePort uint16) {
 		if nodePort != 0 {
 			want += 2 // and its NodePort element
 		}
+		want += 2 * len(externalIPs) // and its external IPs' elements
 		if step.name == "one endpoint replaced" && len(f.Last()) != want {
 			t.Errorf("%s: %d ops, want %d (the endpoint's elements deleted and added, a hairpin element added and one deleted)", step.name, len(f.Last()), want)
 		}
