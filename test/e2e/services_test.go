@@ -267,6 +267,15 @@ spec:
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: web-ext}
+spec:
+  clusterIP: 10.43.0.85
+  externalIPs: [198.51.100.80]
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: web-sticky}
 spec:
   clusterIP: 10.43.0.83
@@ -302,9 +311,9 @@ spec:
 // TestServicesStandalone runs Services from manifests with no API server:
 // endpoints come from the local pods' selectors and readiness. It checks
 // a ClusterIP reached from a pod and from the node, a pod reaching
-// itself through its Service (hairpin), readiness, NodePort
-// from an outside client (masqueraded, and with externalTrafficPolicy
-// Local the client address kept), UDP, session affinity, a Service with
+// itself through its Service (hairpin), readiness, NodePort and an
+// external IP from an outside client (masqueraded, and with
+// externalTrafficPolicy Local the client address kept), UDP, session affinity, a Service with
 // no endpoints refused at once, and the rules across an agent restart.
 func TestServicesStandalone(t *testing.T) {
 	n := newNode(t, "e2e-svc")
@@ -355,6 +364,13 @@ func TestServicesStandalone(t *testing.T) {
 		clients := reachAll(t, client, nodeLANIP+":30080", webA, webB)
 		if clients[clientLANIP] {
 			t.Errorf("backends saw the client's own address %s through a Cluster-policy NodePort; want it masqueraded (saw %v)", clientLANIP, clients)
+		}
+	})
+	t.Run("external IP from outside", func(t *testing.T) {
+		// The client's default route goes through the node.
+		clients := reachAll(t, client, "198.51.100.80", webA, webB)
+		if clients[clientLANIP] {
+			t.Errorf("backends saw the client's own address %s through a Cluster-policy external IP; want it masqueraded (saw %v)", clientLANIP, clients)
 		}
 	})
 	t.Run("external traffic policy Local keeps the client address", func(t *testing.T) {
