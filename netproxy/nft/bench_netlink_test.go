@@ -11,6 +11,7 @@ import (
 
 	"github.com/outpost-edge/outpost/internal/netnstest"
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 )
 
 // benchNetlinkSizes are the numbers of Services (5 endpoints each) the
@@ -34,7 +35,7 @@ func BenchmarkNetlinkColdSync(b *testing.B) {
 			for range b.N {
 				// The namespaces stay open until the end, so the kernel does
 				// not tear down the last table while the next one is timed.
-				rs := &syncTimer{ruleset: nft.NewNetlink(benchNetNS(b))}
+				rs := &nfttest.Timed{Ruleset: nft.NewNetlink(benchNetNS(b))}
 				tb := nft.NewTable(rs)
 				b.StartTimer()
 				got, err := tb.Sync(s)
@@ -43,7 +44,7 @@ func BenchmarkNetlinkColdSync(b *testing.B) {
 					b.Fatalf("cold sync of %d services: %v", n, err)
 				}
 				ops += got
-				apply += rs.apply
+				apply += rs.Applying
 			}
 			benchReport(b, ops, apply)
 		})
@@ -66,7 +67,7 @@ func BenchmarkNetlinkUpdateOne(b *testing.B) {
 			changed := extra
 			changed.Endpoints = slices.Clone(extra.Endpoints[1:])
 			added, modified := withServices(base, extra), withServices(base, changed)
-			rs := &syncTimer{ruleset: nft.NewNetlink(benchNetNS(b))}
+			rs := &nfttest.Timed{Ruleset: nft.NewNetlink(benchNetNS(b))}
 			tb := nft.NewTable(rs)
 			if _, err := tb.Sync(base); err != nil {
 				b.Fatalf("sync %d services: %v", n, err)
@@ -88,7 +89,7 @@ func BenchmarkNetlinkUpdateOne(b *testing.B) {
 						if _, err := tb.Sync(step.before); err != nil {
 							b.Fatalf("set up %s: %v", step.name, err)
 						}
-						rs.apply = 0
+						rs.Applying = 0
 						b.StartTimer()
 						got, err := tb.Sync(step.after)
 						b.StopTimer()
@@ -96,7 +97,7 @@ func BenchmarkNetlinkUpdateOne(b *testing.B) {
 							b.Fatalf("%s one service with %d applied: %v", step.name, n, err)
 						}
 						ops += got
-						apply += rs.apply
+						apply += rs.Applying
 					}
 					benchReport(b, ops, apply)
 				})

@@ -592,25 +592,6 @@ func TestTableMemory(t *testing.T) {
 	}
 }
 
-// ruleset is what a Table applies through (proxy.Ruleset).
-type ruleset interface {
-	Apply(tx *nft.Tx) error
-	List() (nft.Contents, error)
-}
-
-// syncTimer wraps a ruleset to time its Applies.
-type syncTimer struct {
-	ruleset
-	apply time.Duration
-}
-
-func (s *syncTimer) Apply(tx *nft.Tx) error {
-	start := time.Now()
-	err := s.ruleset.Apply(tx)
-	s.apply += time.Since(start)
-	return err
-}
-
 // BenchmarkTableColdSync: the first Sync of N services (5 endpoints each)
 // on the Fake. table-ns/op is the Table's share, the rest the Fake's.
 func BenchmarkTableColdSync(b *testing.B) {
@@ -621,13 +602,13 @@ func BenchmarkTableColdSync(b *testing.B) {
 			var ops int
 			var apply time.Duration
 			for b.Loop() {
-				rs := &syncTimer{ruleset: nfttest.NewFake()}
+				rs := &nfttest.Timed{Ruleset: nfttest.NewFake()}
 				got, err := nft.NewTable(rs).Sync(s)
 				if err != nil {
 					b.Fatal(err)
 				}
 				ops += got
-				apply += rs.apply
+				apply += rs.Applying
 			}
 			b.ReportMetric(float64(ops)/float64(b.N), "txops/op")
 			b.ReportMetric(float64(ops)/b.Elapsed().Seconds(), "ops/s")
@@ -648,12 +629,12 @@ func BenchmarkTableUpdateOne(b *testing.B) {
 			changed := extra
 			changed.Endpoints = slices.Clone(extra.Endpoints[1:])
 			added, modified := withServices(base, extra), withServices(base, changed)
-			rs := &syncTimer{ruleset: nfttest.NewFake()}
+			rs := &nfttest.Timed{Ruleset: nfttest.NewFake()}
 			tb := nft.NewTable(rs)
 			if _, err := tb.Sync(base); err != nil {
 				b.Fatal(err)
 			}
-			rs.apply = 0
+			rs.Applying = 0
 			b.ReportAllocs()
 			var ops int
 			for b.Loop() {
@@ -667,7 +648,7 @@ func BenchmarkTableUpdateOne(b *testing.B) {
 			}
 			b.ReportMetric(float64(ops)/float64(b.N), "txops/op")
 			b.ReportMetric(float64(ops)/b.Elapsed().Seconds(), "ops/s")
-			b.ReportMetric(float64((b.Elapsed()-rs.apply).Nanoseconds())/float64(b.N), "table-ns/op")
+			b.ReportMetric(float64((b.Elapsed()-rs.Applying).Nanoseconds())/float64(b.N), "table-ns/op")
 		})
 	}
 }

@@ -59,28 +59,15 @@ func BenchmarkSyncOneServiceKernel(b *testing.B) {
 		}
 		nl := nft.NewNetlink(netnstest.New(b))
 		b.Cleanup(func() { nl.Close() })
-		return &timedRuleset{Ruleset: nl}
+		return &nfttest.Timed{Ruleset: nl}
 	})
-}
-
-// timedRuleset adds up the time its Applies take.
-type timedRuleset struct {
-	Ruleset
-	apply time.Duration
-}
-
-func (r *timedRuleset) Apply(tx *nft.Tx) error {
-	t0 := time.Now()
-	err := r.Ruleset.Apply(tx)
-	r.apply += time.Since(t0)
-	return err
 }
 
 func benchSyncOneService(b *testing.B, ruleset func(*testing.B) Ruleset) {
 	for _, n := range []int{100, 1000, 10000} {
 		rs := ruleset(b)
 		st, p := benchProxyOn(b, n, rs)
-		timed, _ := rs.(*timedRuleset)
+		timed, _ := rs.(*nfttest.Timed)
 		svc, sl := benchService(n)
 		changed := sl.DeepCopy()
 		changed.Endpoints = changed.Endpoints[1:]
@@ -124,7 +111,7 @@ func benchSyncOneService(b *testing.B, ruleset func(*testing.B) Ruleset) {
 						b.Fatal(err)
 					}
 					if timed != nil {
-						timed.apply = 0
+						timed.Applying = 0
 					}
 					b.StartTimer()
 					if err := p.Sync(); err != nil {
@@ -132,7 +119,7 @@ func benchSyncOneService(b *testing.B, ruleset func(*testing.B) Ruleset) {
 					}
 					b.StopTimer()
 					if timed != nil {
-						apply += timed.apply
+						apply += timed.Applying
 					}
 					for _, s := range steps[slices.IndexFunc(steps, func(s struct {
 						op    string

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/outpost-edge/outpost/netproxy/nft"
+	"github.com/outpost-edge/outpost/netproxy/nfttest"
 	"github.com/outpost-edge/outpost/netproxy/proxy"
 	"github.com/outpost-edge/outpost/store"
 	"github.com/outpost-edge/outpost/sync/kube"
@@ -444,7 +445,7 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 	defer ns.close()
 	nl := nft.NewNetlink(ns.fd)
 	defer nl.Close()
-	rs := &pbTimedRuleset{Ruleset: nl}
+	rs := &nfttest.Timed{Ruleset: nl}
 	st, err := store.Open(filepath.Join(b.TempDir(), store.FileName), store.Options{NodeName: pbNode})
 	if err != nil {
 		b.Fatal(err)
@@ -463,7 +464,7 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 	// One timed Sync after the store writes of each step, as the proxy
 	// loop runs it when the store tells it something changed.
 	syncStep := func(what string, wantPorts int) (pbTimes, error) {
-		rs.apply = 0
+		rs.Applying = 0
 		t0 := time.Now()
 		err := p.Sync()
 		total := time.Since(t0)
@@ -473,7 +474,7 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 		if got := p.Stats().Services; got != wantPorts {
 			b.Fatalf("%s: the proxy programs %d service ports, want %d", what, got, wantPorts)
 		}
-		return pbTimes{build: total - rs.apply, sync: rs.apply}, nil
+		return pbTimes{build: total - rs.Applying, sync: rs.Applying}, nil
 	}
 	// A failed sync is reported in the row and the run goes on, so that
 	// kube-proxy's figures and the other sizes are still printed.
@@ -531,19 +532,6 @@ func (c *pbCluster) outpostRun(b *testing.B, n int, extras []pbExtraObjects, row
 		row.opOps[op] = ts[len(ts)/2]
 		b.Logf("outpost: %s one service with %d: sync %v", op, n, pbRoundTimes(ts))
 	}
-}
-
-// pbTimedRuleset adds up the time its Applies take.
-type pbTimedRuleset struct {
-	proxy.Ruleset
-	apply time.Duration
-}
-
-func (r *pbTimedRuleset) Apply(tx *nft.Tx) error {
-	t0 := time.Now()
-	err := r.Ruleset.Apply(tx)
-	r.apply += time.Since(t0)
-	return err
 }
 
 func pbRoundTimes(ts []pbTimes) []time.Duration {
