@@ -278,71 +278,24 @@ var stmtKinds = map[reflect.Type]stmtKind{
 
 	reflect.TypeFor[nft.DNATMap](): kind(
 		func(t *fakeTable, s nft.DNATMap) error {
-			if s.Mod == 0 {
-				return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
-			}
-			m := t.maps[s.Map]
-			if m == nil {
-				return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
-			}
-			want := nft.KeyAddr4ProtoPortIndex
+			want := nft.Map{Key: nft.KeyAddr4ProtoPortIndex}
 			if s.V6 {
-				want = nft.KeyAddr6ProtoPortIndex
+				want.Key = nft.KeyAddr6ProtoPortIndex
 			}
-			if m.key != want {
-				return fmt.Errorf("map %q has key %s, dnat loads %s: %w", s.Map, m.key, want, unix.EINVAL)
-			}
-			return nil
+			return t.checkDNATMap(s.Map, s.Mod, want)
 		},
 		func(tr *tracer, st *traceState, s nft.DNATMap) (ruleResult, error) {
-			if s.V6 != st.v6() {
-				return noMatch, nil // the key's load needs the family
-			}
-			m := tr.t.maps[s.Map]
-			if m == nil {
-				return noMatch, fmt.Errorf("map %s: no such map", s.Map)
-			}
-			// Each draw is followed: those the map has no element for
-			// go on with the next rule together, the others DNAT.
-			var hits []netip.AddrPort
-			for i := range s.Mod {
-				if e, ok := m.elems[nft.MapKey{Addr: st.dst, Protocol: st.proto, Port: st.port, Index: i}]; ok {
-					hits = append(hits, e.data)
-				}
-			}
-			return tr.dnatDraws(st, s.Mod, hits), nil
+			// The key's load needs the family.
+			return tr.dnatMap(st, s.Map, s.Mod, s.V6, true)
 		}),
 
 	reflect.TypeFor[nft.DNATPortMap](): kind(
 		func(t *fakeTable, s nft.DNATPortMap) error {
-			if s.Mod == 0 {
-				return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
-			}
-			m := t.maps[s.Map]
-			if m == nil {
-				return fmt.Errorf("map %q: no such map: %w", s.Map, unix.ENOENT)
-			}
-			if m.key != nft.KeyProtoPortIndex || m.v6 != s.V6 {
-				return fmt.Errorf("map %q has key %s (IPv6 endpoints: %v), dnat %s loads %s: %w",
-					s.Map, m.key, m.v6, nft.AddrType(s.V6), nft.KeyProtoPortIndex, unix.EINVAL)
-			}
-			return nil
+			return t.checkDNATMap(s.Map, s.Mod, nft.Map{Key: nft.KeyProtoPortIndex, V6: s.V6})
 		},
 		func(tr *tracer, st *traceState, s nft.DNATPortMap) (ruleResult, error) {
-			if s.V6 != st.v6() {
-				return noMatch, nil // the rule matches the family first
-			}
-			m := tr.t.maps[s.Map]
-			if m == nil {
-				return noMatch, fmt.Errorf("map %s: no such map", s.Map)
-			}
-			var hits []netip.AddrPort
-			for i := range s.Mod {
-				if e, ok := m.elems[nft.MapKey{Protocol: st.proto, Port: st.port, Index: i}]; ok {
-					hits = append(hits, e.data)
-				}
-			}
-			return tr.dnatDraws(st, s.Mod, hits), nil
+			// The rule matches the family first.
+			return tr.dnatMap(st, s.Map, s.Mod, s.V6, false)
 		}),
 
 	reflect.TypeFor[nft.Masquerade](): kind(nil,
@@ -392,12 +345,50 @@ func loadsAddr(stmts []nft.Stmt, v6 bool) bool {
 	return false
 }
 
-// dnatDraws follows the mod draws of a DNAT through an endpoint map, of
-// which hits had an element: those the map has no element for go on with
-// the next rule together, the others DNAT.
-func (tr *tracer) dnatDraws(st *traceState, mod uint32, hits []netip.AddrPort) ruleResult {
+// checkDNATMap checks a DNAT through endpoint map name with numgen
+// modulus mod: the map has the key (and, for a key without an address,
+// the endpoint family) of want.
+func (t *fakeTable) checkDNATMap(name string, mod uint32, want nft.Map) error {
+	if mod == 0 {
+		return fmt.Errorf("numgen modulus 0: %w", unix.ERANGE)
+	}
+	m := t.maps[name]
+	if m == nil {
+		return fmt.Errorf("map %q: no such map: %w", name, unix.ENOENT)
+	}
+	if m.key != want.Key || m.v6 != want.V6 {
+		return fmt.Errorf("map %q has key %s (IPv6 endpoints: %v), dnat loads %s (IPv6 endpoints: %v): %w",
+			name, m.key, m.v6, want.Key, want.V6, unix.EINVAL)
+	}
+	return nil
+}
+
+// dnatMap traces a DNAT of family v6 through endpoint map name with
+// numgen modulus mod, keyed by the packet's destination address (when
+// withAddr), protocol, port and draw. Each draw is followed: those the
+// map has no element for go on with the next rule together, the others
+// DNAT.
+func (tr *tracer) dnatMap(st *traceState, name string, mod uint32, v6, withAddr bool) (ruleResult, error) {
+	if v6 != st.v6() {
+		return noMatch, nil
+	}
+	m := tr.t.maps[name]
+	if m == nil {
+		return noMatch, fmt.Errorf("map %s: no such map", name)
+	}
+	k := nft.MapKey{Protocol: st.proto, Port: st.port}
+	if withAddr {
+		k.Addr = st.dst
+	}
+	var hits []netip.AddrPort
+	for i := range mod {
+		k.Index = i
+		if e, ok := m.elems[k]; ok {
+			hits = append(hits, e.data)
+		}
+	}
 	if len(hits) == 0 {
-		return noMatch
+		return noMatch, nil
 	}
 	share := st.out.Share / float64(mod)
 	if miss := int(mod) - len(hits); miss > 0 {
@@ -414,5 +405,5 @@ func (tr *tracer) dnatDraws(st *traceState, mod uint32, hits []netip.AddrPort) r
 	}
 	st.out.Share = share
 	st.dnat(hits[0])
-	return accept
+	return accept, nil
 }
