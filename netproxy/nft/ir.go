@@ -199,8 +199,8 @@ type Map struct {
 
 // MapKey is a key of a verdict map; Addr is unset for KeyProtoPort and
 // KeyProtoPortIndex. A pair key (KeyAddr4Pair, KeyAddr6Pair) is Addr .
-// Addr2, with no protocol or port. Index is the numgen draw of an endpoint key, and
-// zero in every other.
+// Addr2, with no protocol or port. Index is the numgen draw of an
+// endpoint key, and zero in every other.
 type MapKey struct {
 	Addr     netip.Addr
 	Addr2    netip.Addr

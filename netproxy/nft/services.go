@@ -272,19 +272,18 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 		}
 		groups[v6] = packGroup(grp)
 	}
-	grpOf := func(v6 bool) group { return groups[v6] }
 	addrs := func(ips []netip.Addr, external bool) {
 		for _, ip := range ips {
 			ip = ip.Unmap()
 			v6 := ip.Is6()
 			k := MapKey{Addr: ip, Protocol: r.proto, Port: sp.Port}
-			if grpOf(v6) == "" {
+			if groups[v6] == "" {
 				// Endpoints of the other family only: as a chain's
 				// address with none of its own, rejected.
 				add(elem{key: elemID{m: pick(v6, mapNoEndpointServices, mapNoEndpointServices6), k: k}, v: Goto(chainReject)})
 				continue
 			}
-			add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: grpOf(v6)})
+			add(elem{key: elemID{m: pick(v6, mapClusterIPs, mapClusterIPs6), k: k}, grp: groups[v6]})
 			if external {
 				add(elem{key: elemID{m: pick(v6, mapExternalIPs, mapExternalIPs6), k: k}})
 			}
@@ -302,7 +301,7 @@ func (r *svcRender) renderGrouped(cluster []int, o *objects) {
 		return
 	}
 	for _, v6 := range []bool{false, true} {
-		if grp := grpOf(v6); grp != "" {
+		if grp := groups[v6]; grp != "" {
 			add(elem{key: elemID{m: pick(v6, mapNodePorts, mapNodePorts6), k: k}, grp: grp})
 		}
 	}

@@ -525,10 +525,10 @@ func (d DNATMap) encode(e *ruleEncoder) error {
 }
 
 // DNATPortMap is `meta nfproto ipv4 dnat ip to meta l4proto . th dport .
-// numgen random mod <Mod> map @<Map>`: DNATMap for a NodePort, whose endpoint map (key
-// KeyProtoPortIndex) holds the endpoints of the family V6 says for the
-// packet's protocol, port and draw. The rule matches only packets of
-// that family.
+// numgen random mod <Mod> map @<Map>`: DNATMap for a NodePort, whose
+// endpoint map (key KeyProtoPortIndex) holds the endpoints of the family
+// V6 says for the packet's protocol, port and draw. The rule matches only
+// packets of that family.
 type DNATPortMap struct {
 	Map string
 	V6  bool
