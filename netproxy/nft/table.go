@@ -225,7 +225,7 @@ type State struct {
 // ServicePorts themselves, from which their rules are rendered again when
 // they change) and, after a failed apply, syncs in full.
 type Table struct {
-	rs ruleset
+	rs Ruleset
 
 	mu        sync.Mutex
 	full      bool // the next Sync is full
@@ -249,10 +249,10 @@ type svcEntry struct {
 	gen uint64
 }
 
-// ruleset is what a Table applies its Txs through: Netlink, or
-// netproxy/nfttest's Fake in tests. Its users name it proxy.Ruleset.
-type ruleset interface {
-	// Apply applies tx atomically.
+// Ruleset is what a Table applies its Txs through: Netlink, or
+// netproxy/nfttest's Fake in tests (proxy.Ruleset is the same).
+type Ruleset interface {
+	// Apply applies tx atomically: all of it or none.
 	Apply(tx *Tx) error
 	// List returns what the table holds; an absent table holds nothing.
 	List() (Contents, error)
@@ -260,7 +260,7 @@ type ruleset interface {
 
 // NewTable returns a Table that applies changes through rs (Netlink, or
 // nfttest.Fake in tests). It does not touch rs: the first Sync does.
-func NewTable(rs ruleset) *Table {
+func NewTable(rs Ruleset) *Table {
 	return &Table{rs: rs, full: true, hairpin: newAddrCounts(0)}
 }
 

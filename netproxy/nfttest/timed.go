@@ -7,17 +7,10 @@ import (
 	"github.com/outpost-edge/outpost/netproxy/nft"
 )
 
-// Ruleset is what an nft.Table applies through (proxy.Ruleset): Netlink,
-// or the Fake.
-type Ruleset interface {
-	Apply(tx *nft.Tx) error
-	List() (nft.Contents, error)
-}
-
-// Timed is a Ruleset that adds up the time its Applies take, for
+// Timed is an nft.Ruleset that adds up the time its Applies take, for
 // benchmarks that report the kernel's share of a sync.
 type Timed struct {
-	Ruleset
+	nft.Ruleset
 	// Applying is the time spent in Apply since it was last zeroed.
 	Applying time.Duration
 }

@@ -66,13 +66,9 @@ const (
 type LocalPods func() (pods []servicemodel.LocalPod, settled bool)
 
 // Ruleset applies Txs to the outpost table: nft.Netlink, or
-// nfttest.Fake in tests.
-type Ruleset interface {
-	// Apply applies tx atomically: all of it or none.
-	Apply(tx *nft.Tx) error
-	// List returns what the table holds; an absent table holds nothing.
-	List() (nft.Contents, error)
-}
+// nfttest.Fake in tests. It is the ruleset the proxy's nft.Table
+// applies through.
+type Ruleset = nft.Ruleset
 
 var _ Ruleset = (*nft.Netlink)(nil)
 
