@@ -160,6 +160,8 @@ var testAdapterExtra = map[string][]string{
 // adapterExtra lets a second tree use a dependency where DESIGN.md says so.
 var adapterExtra = map[string][]string{
 	"k8s.io/client-go": {"sync/bridge"},
+	// containerd's API is gRPC: its client dials and reads statuses.
+	"google.golang.org/grpc": {"agent/containerd/ctrd"},
 }
 
 // testEnvAllowed lets a package's own tests start parts of the end-to-end
@@ -170,6 +172,9 @@ var testEnvAllowed = map[string]string{
 	// a fake clock; from test/ they could reach only what the agent's
 	// binary shows.
 	"sync/kube": "tests of unexported loops against a real kube-apiserver",
+	// The agent's own containerd client, tested against a real
+	// containerd beside containerd's v2 client, which only tests link.
+	"agent/containerd/ctrd": "a containerd client tested against a real containerd",
 }
 
 // TestPackageLayering checks the layout's rules on every package and on
