@@ -174,7 +174,8 @@ var testEnvAllowed = map[string]string{
 	"sync/kube": "tests of unexported loops against a real kube-apiserver",
 	// The agent's own containerd client, tested against a real
 	// containerd beside containerd's v2 client, which only tests link.
-	"agent/containerd/ctrd": "a containerd client tested against a real containerd",
+	"agent/containerd/ctrd":    "a containerd client tested against a real containerd",
+	"agent/containerd/imageio": "pull, import and unpack compared with containerd's v2 client on a real containerd",
 }
 
 // TestPackageLayering checks the layout's rules on every package and on
