@@ -9,7 +9,6 @@ import (
 	"sync"
 	"syscall"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 
 	"github.com/outpost-edge/outpost/agent"
@@ -37,7 +36,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s age
 	if err != nil {
 		return 0, fmt.Errorf("exec in %s: %w", id, notFound(err))
 	}
-	spec, err := c.Spec(ctx)
+	spec, err := c.Spec()
 	if err != nil {
 		return 0, fmt.Errorf("exec in %s: %w", id, err)
 	}
@@ -69,7 +68,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s age
 	if err != nil {
 		return 0, fmt.Errorf("exec in %s: %w", id, err)
 	}
-	defer p.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+	defer p.Delete(context.WithoutCancel(ctx), true)
 	exitc, err := p.Wait(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("exec in %s: %w", id, err)
@@ -78,7 +77,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s age
 		return 0, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	if in != nil {
-		in.arm(func() { p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser) })
+		in.arm(func() { p.CloseIO(context.WithoutCancel(ctx)) })
 	}
 	resizeDone := make(chan struct{})
 	defer close(resizeDone)
@@ -100,7 +99,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s age
 	select {
 	case st := <-exitc:
 		p.IO().Wait()
-		return int(st.ExitCode()), nil
+		return int(st.Code), nil
 	case <-ctx.Done():
 		p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
 		return 0, fmt.Errorf("exec in %s: %w", id, ctx.Err())

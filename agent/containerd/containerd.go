@@ -1,5 +1,5 @@
-// Package containerd is the agent's Runtime over containerd, through the
-// containerd v2 Go client, in one containerd namespace (default
+// Package containerd is the agent's Runtime over containerd, through its
+// own client of containerd's API (ctrd, imageio), in one containerd namespace (default
 // "outpost"). Tested against containerd 1.6 (Debian 12); containerd 1.7 and
 // 2.x serve the same API. Container output is copied from the shim's FIFOs
 // into CRI-format log files; after an agent restart the copy is re-attached
@@ -15,8 +15,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -24,21 +24,25 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/services/tasks/v1"
 	apitask "github.com/containerd/containerd/api/types/task"
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/platforms"
 	"github.com/containerd/typeurl/v2"
-	"github.com/distribution/reference"
-	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/agent/containerd/ctrd"
+	"github.com/outpost-edge/outpost/agent/containerd/imageio"
 	"github.com/outpost-edge/outpost/agent/crilog"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/outpoll"
@@ -60,6 +64,10 @@ const (
 	labelStdin     = "io.outpost.container.stdin"
 	labelStdinOnce = "io.outpost.container.stdin-once"
 )
+
+// labelStopSignal is the image's stop signal, which Stop sends; the
+// label is the one containerd's client gives it.
+const labelStopSignal = "io.containerd.image.config.stop-signal"
 
 // Config says which containerd to use and where container I/O goes.
 type Config struct {
@@ -89,7 +97,7 @@ type Deps struct {
 type Runtime struct {
 	cfg    Config
 	deps   Deps
-	client *containerd.Client
+	client *ctrd.Client
 	// poll copies every running container's output FIFOs to its log.
 	poll *outpoll.Poller
 
@@ -133,7 +141,7 @@ type Runtime struct {
 
 type cachedImage struct {
 	info  agent.Image
-	img   containerd.Image
+	img   images.Image
 	facts *imageFacts
 }
 
@@ -176,7 +184,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.FIFODir, 0o700); err != nil {
 		return nil, fmt.Errorf("containerd: fifo dir: %w", err)
 	}
-	cl, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace), containerd.WithTimeout(5*time.Second))
+	cl, err := ctrd.New(cfg.Address, 5*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("containerd %s: %w", cfg.Address, err)
 	}
@@ -222,18 +230,39 @@ func (r *Runtime) Version(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("containerd %s: version: %w", r.cfg.Address, err)
 	}
-	return "containerd://" + v.Version, nil
+	return "containerd://" + v, nil
 }
 
 // NormalizeRef returns the fully qualified form of an image reference
 // (busybox → docker.io/library/busybox:latest).
 func NormalizeRef(ref string) (string, error) {
-	named, err := reference.ParseDockerRef(ref)
-	if err != nil {
-		return "", fmt.Errorf("image %q: %w", ref, err)
-	}
-	return named.String(), nil
+	return imageio.Normalize(ref)
 }
+
+// stores are the containerd services imageio works with.
+func (r *Runtime) stores() imageio.Stores {
+	return imageio.Stores{
+		Content: r.client.Content, Images: r.client.Images,
+		Snapshotter: r.client.SnapshotService(r.cfg.Snapshotter), SnapshotterName: r.cfg.Snapshotter,
+		Applier: r.client.Diff, Leases: r.client.Leases,
+	}
+}
+
+// platform is the one platform whose images the agent pulls, unpacks
+// and runs: this machine's.
+var platform = platforms.Default()
+
+// ociImage is an image as oci.WithImageConfig reads it.
+type ociImage struct {
+	cs  content.Store
+	img images.Image
+}
+
+func (i ociImage) Config(ctx context.Context) (ocispec.Descriptor, error) {
+	return i.img.Config(ctx, i.cs, platform)
+}
+
+func (i ociImage) ContentStore() content.Store { return i.cs }
 
 // EnsureImage makes ref present per policy, unpacked for the snapshotter.
 // Callers that ask for the same image with the same policy while a lookup
@@ -283,7 +312,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, policy corev1.Pul
 
 // ensureImage is EnsureImage's lookup, and pull when the policy asks.
 func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.PullPolicy) (agent.Image, error) {
-	img, err := r.client.GetImage(ctx, name)
+	img, err := r.client.Images.Get(ctx, name)
 	present, fetched := err == nil, false
 	if err != nil && !errdefs.IsNotFound(err) {
 		return agent.Image{}, fmt.Errorf("image %s: %w", name, err)
@@ -292,8 +321,7 @@ func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.Pu
 	case policy == corev1.PullNever && !present:
 		return agent.Image{}, fmt.Errorf("image %s: %w", name, agent.ErrImageNeverPull)
 	case !present || policy == corev1.PullAlways:
-		pulled, perr := r.client.Pull(ctx, name, containerd.WithResolver(pullResolver()),
-			containerd.WithPullUnpack, containerd.WithPullSnapshotter(r.cfg.Snapshotter))
+		pulled, perr := imageio.Pull(ctx, r.stores(), name, pullResolver(), platform)
 		if perr != nil {
 			if present {
 				// Offline with a present image: run what we have.
@@ -304,28 +332,28 @@ func (r *Runtime) ensureImage(ctx context.Context, name string, policy corev1.Pu
 		}
 		img, fetched = pulled, true
 	}
-	spec, err := img.Spec(ctx)
+	spec, chain, err := imageio.Config(ctx, r.client.Content, img, platform)
 	if err != nil {
 		return agent.Image{}, fmt.Errorf("image %s config: %w", name, err)
 	}
 	// The snapshot of the image's layers, the parent of its containers'.
-	chainID := identity.ChainID(spec.RootFS.DiffIDs).String()
+	chainID := chain.String()
 	if _, err := r.client.SnapshotService(r.cfg.Snapshotter).Stat(ctx, chainID); err != nil {
-		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
+		if err := imageio.Unpack(ctx, r.stores(), img, platform); err != nil {
 			return agent.Image{}, fmt.Errorf("unpack %s: %w", name, err)
 		}
 	}
 	info := agent.Image{
-		Ref: name, ID: img.Name() + "@" + img.Target().Digest.String(),
+		Ref: name, ID: img.Name + "@" + img.Target.Digest.String(),
 		Entrypoint: spec.Config.Entrypoint, Cmd: spec.Config.Cmd, Env: spec.Config.Env,
 		WorkingDir: spec.Config.WorkingDir, User: spec.Config.User, StopSignal: spec.Config.StopSignal,
 	}
-	digest := img.Target().Digest
+	digest := img.Target.Digest
 	r.mu.Lock()
 	// What the creates read of the image holds while its digest does
 	// (the digest names the config, and so the chain ID).
 	facts := &imageFacts{chainID: chainID}
-	if prev, ok := r.images[name]; ok && prev.img.Target().Digest == digest {
+	if prev, ok := r.images[name]; ok && prev.img.Target.Digest == digest {
 		facts = prev.facts
 	}
 	r.images[name] = cachedImage{info: info, img: img, facts: facts}
@@ -339,19 +367,23 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	ctx = r.ctx(ctx)
 	// The image as EnsureImage left it, or as containerd has it.
 	var (
-		img      containerd.Image
-		snapshot containerd.NewContainerOpts
+		img      images.Image
+		snapshot func(context.Context, *containers.Container) error
 		config   oci.SpecOpts
 	)
 	if c, ok := r.cached(s.Image.Ref); ok {
 		img = c.img
-		snapshot, config = withNewSnapshot(s.ID, img, c.facts), r.withImageConfig(oci.WithImageConfig(img), c.facts)
+		snapshot, config = r.withNewSnapshot(s.ID, img, c.facts), r.withImageConfig(oci.WithImageConfig(ociImage{r.client.Content, img}), c.facts)
 	} else {
 		var err error
-		if img, err = r.client.GetImage(ctx, s.Image.Ref); err != nil {
+		if img, err = r.client.Images.Get(ctx, s.Image.Ref); err != nil {
 			return fmt.Errorf("create %s: image %s: %w", s.ID, s.Image.Ref, err)
 		}
-		snapshot, config = containerd.WithNewSnapshot(s.ID, img), oci.WithImageConfig(img)
+		_, chain, err := imageio.Config(ctx, r.client.Content, img, platform)
+		if err != nil {
+			return fmt.Errorf("create %s: image %s: %w", s.ID, s.Image.Ref, err)
+		}
+		snapshot, config = r.withNewSnapshot(s.ID, img, &imageFacts{chainID: chain.String()}), oci.WithImageConfig(ociImage{r.client.Content, img})
 	}
 	ctx, release, err := r.withCreateLease(ctx)
 	if err != nil {
@@ -439,12 +471,18 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		opts = append(opts, withSysctls(sec.Sysctls))
 	}
 	newContainer := func() error {
-		_, err := r.client.NewContainer(ctx, s.ID,
-			containerd.WithContainerLabels(labels),
-			containerd.WithSnapshotter(r.cfg.Snapshotter),
-			snapshot,
-			containerd.WithNewSpec(opts...),
-		)
+		c := containers.Container{
+			ID: s.ID, Labels: labels, Snapshotter: r.cfg.Snapshotter,
+			Runtime: containers.RuntimeInfo{Name: defaults.DefaultRuntime},
+		}
+		if err := snapshot(ctx, &c); err != nil {
+			return err
+		}
+		spec, err := oci.GenerateSpec(ctx, r.client, &c, opts...)
+		if err != nil {
+			return err
+		}
+		_, err = r.client.CreateContainer(ctx, c, spec)
 		return err
 	}
 	t0 := r.deps.Clock.Now()
@@ -631,7 +669,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	t1 := r.deps.Clock.Now()
 	// A task left from an earlier, failed start is replaced.
 	if old, err := c.Task(ctx, nil); err == nil {
-		old.Delete(ctx, containerd.WithProcessKill)
+		old.Delete(ctx, true)
 	}
 	out, errOut, closeLog, err := r.logStreams(labels[agent.LabelLogPath])
 	if err != nil {
@@ -639,11 +677,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	creator := streamCreator(r.poll, r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
-	var taskOpts []containerd.NewTaskOpts
-	if r.cfg.ShimStart != "" {
-		taskOpts = append(taskOpts, containerd.WithRuntimePath(r.cfg.ShimStart))
-	}
-	task, err := c.NewTask(ctx, creator, taskOpts...)
+	task, err := c.NewTask(ctx, creator, r.cfg.ShimStart)
 	if errdefs.IsAlreadyExists(err) {
 		// An agent killed while containerd created the task can leave
 		// it in containerd's task list with no process behind it:
@@ -653,7 +687,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		if derr := r.deleteTask(ctx, id); derr != nil {
 			err = fmt.Errorf("%w; deleting it: %v", err, derr)
 		} else {
-			task, err = c.NewTask(ctx, creator, taskOpts...)
+			task, err = c.NewTask(ctx, creator, r.cfg.ShimStart)
 		}
 	}
 	unlock()
@@ -665,7 +699,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 	}
 	r.watchIO(id, task.IO(), out, errOut, labels[labelStdinOnce] == "true", closeLog)
 	if err := task.Start(ctx); err != nil {
-		task.Delete(ctx, containerd.WithProcessKill)
+		task.Delete(ctx, true)
 		removeEmptyLog(labels[agent.LabelLogPath])
 		return fmt.Errorf("start %s: %w", id, err)
 	}
@@ -684,10 +718,10 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 // deleteTask kills and deletes the task of container id through the task
 // service, which needs no state from the task's shim.
 func (r *Runtime) deleteTask(ctx context.Context, id string) error {
-	ts := r.client.TaskService()
+	ts := r.client.Tasks
 	ts.Kill(ctx, &tasks.KillRequest{ContainerID: id, Signal: uint32(syscall.SIGKILL), All: true})
-	if _, err := ts.Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: id}); err != nil && !errdefs.IsNotFound(errgrpc.ToNative(err)) {
-		return errgrpc.ToNative(err)
+	if _, err := ts.Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: id}); err != nil && !errdefs.IsNotFound(ctrd.Native(err)) {
+		return ctrd.Native(err)
 	}
 	return nil
 }
@@ -745,7 +779,7 @@ func (r *Runtime) watchIO(id string, tio cio.IO, out, errOut *lockedStream, stdi
 // gives the FIFOs the task was created with, the terminal flag too. (The
 // shim holds a writing end of stdin of its own, so the process saw no
 // end of input while the agent was away.)
-func (r *Runtime) reattach(ctx context.Context, c containerd.Container, labels map[string]string) {
+func (r *Runtime) reattach(ctx context.Context, c *ctrd.Container, labels map[string]string) {
 	r.mu.Lock()
 	done := r.attached[c.ID()]
 	r.mu.Unlock()
@@ -784,16 +818,13 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	if err != nil {
 		return fmt.Errorf("stop %s: %w", id, err)
 	}
-	if st.Status == containerd.Running || st.Status == containerd.Paused {
+	if st == apitask.Status_RUNNING || st == apitask.Status_PAUSED {
 		exitc, err := task.Wait(ctx)
 		if err != nil {
 			return fmt.Errorf("stop %s: %w", id, err)
 		}
-		sig := syscall.SIGTERM
-		if s, err := containerd.GetStopSignal(ctx, c, syscall.SIGTERM); err == nil {
-			sig = s
-		}
-		if err := task.Kill(ctx, sig); err != nil && !errdefs.IsNotFound(err) {
+		sig := stopSignal(c.Info().Labels[labelStopSignal])
+		if err := task.Kill(ctx, sig, false); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("stop %s: signal: %w", id, err)
 		}
 		timer := r.deps.Clock.NewTimer(grace)
@@ -801,7 +832,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 		case <-exitc:
 			timer.Stop()
 		case <-timer.C():
-			if err := task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+			if err := task.Kill(ctx, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("stop %s: kill: %w", id, err)
 			}
 			select {
@@ -822,21 +853,21 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 // labels so the state outlives the task (and its shim). It returns the
 // container's labels as containerd holds them after that write, or nil
 // when it wrote none.
-func (r *Runtime) reap(ctx context.Context, c containerd.Container, task containerd.Task) (map[string]string, error) {
+func (r *Runtime) reap(ctx context.Context, c *ctrd.Container, task *ctrd.Task) (map[string]string, error) {
 	cl, err := c.Labels(ctx)
 	if err != nil && !errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("delete task %s: %w", c.ID(), err)
 	}
 	unlock := r.lockGroup(cl)
-	st, err := task.Delete(ctx)
+	st, err := task.Delete(ctx, false)
 	unlock()
 	if err != nil && !errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("delete task %s: %w", c.ID(), err)
 	}
 	labels := map[string]string{}
 	if st != nil {
-		labels[labelExitCode] = strconv.Itoa(int(st.ExitCode()))
-		at := st.ExitTime()
+		labels[labelExitCode] = strconv.Itoa(int(st.Code))
+		at := st.ExitedAt
 		if at.IsZero() || at.Year() < 2000 {
 			at = r.deps.Clock.Now()
 		}
@@ -883,13 +914,13 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if task, err := c.Task(ctx, nil); err == nil {
 		cl, _ := c.Labels(ctx)
 		unlock := r.lockGroup(cl)
-		_, err := task.Delete(ctx, containerd.WithProcessKill)
+		_, err := task.Delete(ctx, true)
 		unlock()
 		if err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove %s: task: %w", id, err)
 		}
 	}
-	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+	if err := c.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	r.forgetLabels(id)
@@ -905,19 +936,13 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 	if podUID != "" {
 		filter = fmt.Sprintf("labels.%q==%q", agent.LabelPodUID, podUID)
 	}
-	cs, err := r.client.Containers(ctx, filter)
+	cs, err := r.client.ListContainers(ctx, filter)
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
 	out := make([]agent.Container, 0, len(cs))
 	for _, c := range cs {
-		info, err := c.Info(ctx, containerd.WithoutRefreshedMetadata)
-		if errdefs.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), err)
-		}
+		info := c.Info()
 		ac := agent.Container{ID: c.ID(), Labels: r.withPending(c.ID(), info.Labels), CreatedAt: info.CreatedAt, State: agent.StateCreated}
 		if ac.Labels[labelFinishedAt] != "" {
 			// Its exit is recorded, which reap and the lost-task case
@@ -931,9 +956,9 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 		}
 		// One Get through the task service gives the state; the client's
 		// Task and Status would ask the shim twice.
-		resp, terr := r.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: c.ID()})
+		resp, terr := r.client.Tasks.Get(ctx, &tasks.GetRequest{ContainerID: c.ID()})
 		if terr != nil {
-			terr = errgrpc.ToNative(terr)
+			terr = ctrd.Native(terr)
 		}
 		switch {
 		case terr == nil:
@@ -967,7 +992,7 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 				}
 				if labels == nil {
 					// Nothing was written: read what is there.
-					fresh, err := c.Info(ctx)
+					fresh, err := c.Refresh(ctx)
 					if errdefs.IsNotFound(err) {
 						continue
 					}
@@ -1115,20 +1140,61 @@ func (r *Runtime) ImportFile(ctx context.Context, path string) ([]string, error)
 		return nil, fmt.Errorf("import %s: %w", path, err)
 	}
 	defer f.Close()
-	imgs, err := r.client.Import(ctx, f, containerd.WithAllPlatforms(false))
-	if err != nil {
-		return nil, fmt.Errorf("import %s: %w", path, err)
-	}
+	imgs, err := imageio.Import(ctx, r.stores(), f, platform)
 	var names []string
 	for _, i := range imgs {
-		img := containerd.NewImage(r.client, i)
-		if err := img.Unpack(ctx, r.cfg.Snapshotter); err != nil {
-			return names, fmt.Errorf("import %s: unpack %s: %w", filepath.Base(path), i.Name, err)
-		}
 		names = append(names, i.Name)
 		r.forget(i.Name)
 	}
+	if err != nil {
+		return names, fmt.Errorf("import %s: %w", path, err)
+	}
 	return names, nil
+}
+
+// stopSignal is the signal named by an image's stop signal (SIGINT, INT,
+// 2 or SIGRTMIN+3), SIGTERM when it names none.
+func stopSignal(name string) syscall.Signal {
+	if name == "" {
+		return syscall.SIGTERM
+	}
+	if n, err := strconv.Atoi(name); err == nil && n > 0 && n < 65 {
+		return syscall.Signal(n)
+	}
+	name = strings.ToUpper(name)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if s := unix.SignalNum(name); s != 0 {
+		return s
+	}
+	// The real-time signals, numbered as the C library and moby number
+	// them (SIGRTMIN+3 is systemd's stop signal).
+	const rtmin, rtmax = 34, 64
+	for _, rt := range []struct {
+		prefix string
+		base   int
+		sign   int
+	}{{"SIGRTMIN", rtmin, 1}, {"SIGRTMAX", rtmax, -1}} {
+		rest, ok := strings.CutPrefix(name, rt.prefix)
+		if !ok {
+			continue
+		}
+		n := 0
+		if rest != "" {
+			if (rt.sign > 0 && rest[0] != '+') || (rt.sign < 0 && rest[0] != '-') {
+				break
+			}
+			var err error
+			if n, err = strconv.Atoi(rest[1:]); err != nil || n < 0 {
+				break
+			}
+		}
+		if v := rt.base + rt.sign*n; v >= rtmin && v <= rtmax {
+			return syscall.Signal(v)
+		}
+	}
+	return syscall.SIGTERM
 }
 
 func notFound(err error) error {

@@ -5,14 +5,14 @@ import (
 	"slices"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// For every container, the client's NewContainer (with WithNewSnapshot
+// For every container, the v2 client's NewContainer (with WithNewSnapshot
 // and oci.WithImageConfig) asks containerd for more than the container's
 // snapshot and record: a lease created and deleted around the create (two
 // synced writes to containerd's store), the snapshotter's capabilities,
@@ -112,16 +112,17 @@ func (r *Runtime) withImageConfig(read oci.SpecOpts, f *imageFacts) oci.SpecOpts
 	}
 }
 
-// withNewSnapshot is containerd.WithNewSnapshot from the image's chain
-// ID, read with the image, and without asking the snapshotter's
-// capabilities (outpost maps no user namespaces).
-func withNewSnapshot(id string, img containerd.Image, f *imageFacts) containerd.NewContainerOpts {
-	return func(ctx context.Context, cl *containerd.Client, c *containers.Container) error {
-		if _, err := cl.SnapshotService(c.Snapshotter).Prepare(ctx, id, f.chainID); err != nil {
+// withNewSnapshot prepares the container's snapshot on the image's chain
+// ID, read with the image, as the v2 client's WithNewSnapshot does
+// without asking the snapshotter's capabilities (outpost maps no user
+// namespaces).
+func (r *Runtime) withNewSnapshot(id string, img images.Image, f *imageFacts) func(context.Context, *containers.Container) error {
+	return func(ctx context.Context, c *containers.Container) error {
+		if _, err := r.client.SnapshotService(c.Snapshotter).Prepare(ctx, id, f.chainID); err != nil {
 			return err
 		}
 		c.SnapshotKey = id
-		c.Image = img.Name()
+		c.Image = img.Name
 		return nil
 	}
 }
@@ -138,7 +139,7 @@ func (r *Runtime) withCreateLease(ctx context.Context) (context.Context, func(),
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
 	if r.leaseUsers == 0 {
-		l, err := r.client.LeasesService().Create(ctx, leases.WithRandomID(), leases.WithExpiration(createLeaseExpiry))
+		l, err := r.client.Leases.Create(ctx, leases.WithRandomID(), leases.WithExpiration(createLeaseExpiry))
 		if err != nil {
 			return ctx, nil, err
 		}
@@ -156,7 +157,7 @@ func (r *Runtime) withCreateLease(ctx context.Context) (context.Context, func(),
 		// undeleted lease expires.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := r.client.LeasesService().Delete(dctx, l); err != nil {
+		if err := r.client.Leases.Delete(dctx, l); err != nil {
 			r.deps.Log.Debug("delete create lease", "lease", l.ID, "err", err)
 		}
 	}, nil

@@ -11,12 +11,12 @@ import (
 	"sync"
 	"testing"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/outpost-edge/outpost/agent/containerd/ctrd"
 	"github.com/outpost-edge/outpost/internal/clock"
 )
 
@@ -200,12 +200,8 @@ func (m *countingLeases) Delete(_ context.Context, l leases.Lease, _ ...leases.D
 // lease, deleted when the last is done; a later create makes a new one.
 func TestCreatesUnderWayShareALease(t *testing.T) {
 	ls := &countingLeases{live: map[string]bool{}}
-	cl, err := containerd.New("", containerd.WithServices(containerd.WithLeasesService(ls)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := quietRuntime()
-	r.client = cl
+	r.client = &ctrd.Client{Leases: ls}
 	var releases []func()
 	ids := map[string]bool{}
 	for range 5 {

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/agent/containerd/ctrd"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/waittest"
 )
@@ -40,10 +40,7 @@ func (s *noImages) Get(_ context.Context, name string) (images.Image, error) {
 // look for themselves.
 func TestEnsureImageSharesALookupUnderWay(t *testing.T) {
 	store := &noImages{}
-	cl, err := containerd.New("", containerd.WithServices(containerd.WithImageStore(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := &ctrd.Client{Images: store}
 	r := &Runtime{
 		cfg:    Config{Namespace: "test"},
 		deps:   Deps{Clock: clock.Real{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},

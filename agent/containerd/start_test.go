@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/agent/containerd/ctrd"
 	"github.com/outpost-edge/outpost/internal/clock"
 	"github.com/outpost-edge/outpost/internal/clock/clocktest"
 	"github.com/outpost-edge/outpost/internal/waittest"
@@ -128,10 +129,7 @@ func testContainer(dir, id string, extra map[string]string) *oneContainer {
 // running.
 func testRuntime(t *testing.T, dir string, clk clock.Clock, ts tasks.TasksClient, store containers.Store) *Runtime {
 	t.Helper()
-	cl, err := containerd.New("", containerd.WithServices(containerd.WithTaskClient(ts), containerd.WithContainerStore(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := &ctrd.Client{Tasks: ts, Containers: store}
 	return &Runtime{
 		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
 		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
@@ -243,5 +241,18 @@ func TestLostExitRecordedOnceBehind(t *testing.T) {
 	}
 	if again := look(); !again.FinishedAt.Equal(first.FinishedAt) {
 		t.Errorf("look after the write: at %v; want %v", again.FinishedAt, first.FinishedAt)
+	}
+}
+
+// TestStopSignal: an image's stop signal is taken by name, with or
+// without SIG, or by number; none, or one not known, is SIGTERM.
+func TestStopSignal(t *testing.T) {
+	for in, want := range map[string]syscall.Signal{
+		"": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "quit": syscall.SIGQUIT, "SIGRTMIN+3": syscall.Signal(37), "RTMAX-1": syscall.Signal(63), "SIGRTMIN-1": syscall.SIGTERM, "RTMIN+40": syscall.SIGTERM,
+		"9": syscall.SIGKILL, "SIGUSR1": syscall.SIGUSR1, "NOPE": syscall.SIGTERM, "0": syscall.SIGTERM, "99": syscall.SIGTERM,
+	} {
+		if got := stopSignal(in); got != want {
+			t.Errorf("stopSignal(%q) = %v, want %v", in, got, want)
+		}
 	}
 }

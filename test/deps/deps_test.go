@@ -78,6 +78,9 @@ var forbiddenInBinary = []struct{ prefix, why string }{
 	{"golang.org/x/net/trace", "build with -tags " + buildTags + ": its html/template disables dead-method elimination"},
 	{"text/template", "its reflect method calls keep every exported method of every type in the binary"},
 	{"html/template", "its reflect method calls keep every exported method of every type in the binary"},
+	{"github.com/containerd/containerd/v2/client", "agent/containerd/ctrd is the agent's client: the v2 client links go-cmp, distribution/reference and API services the agent never calls, whose initialisers keep memory"},
+	{"github.com/google/go-cmp", "a test library; containerd's pkg/protobuf links it (use agent/containerd/ctrd's stores, not containerd's proxies)"},
+	{"github.com/distribution/reference", "its init compiles regular expressions kept for the process's life; agent/containerd/imageio normalizes references"},
 }
 
 // TestBuildsUseTags checks that every build of the binary in the Makefile
