@@ -65,8 +65,9 @@ const (
 	labelStdinOnce = "io.outpost.container.stdin-once"
 )
 
-// labelStopSignal is the image's stop signal, which Stop sends; the
-// label is the one containerd's client gives it.
+// labelStopSignal is the image's stop signal (its config's StopSignal,
+// docker's STOPSIGNAL), which Stop sends instead of SIGTERM, as CRI's
+// containerd does; the label is the one containerd's client gives it.
 const labelStopSignal = "io.containerd.image.config.stop-signal"
 
 // Config says which containerd to use and where container I/O goes.
@@ -404,6 +405,9 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	}
 	if s.Stdin && s.StdinOnce {
 		labels[labelStdinOnce] = "true"
+	}
+	if s.Image.StopSignal != "" {
+		labels[labelStopSignal] = s.Image.StopSignal
 	}
 	opts := []oci.SpecOpts{
 		config,

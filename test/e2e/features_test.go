@@ -463,6 +463,43 @@ spec:
 	}
 }
 
+// TestE2EImageStopSignal: a container whose image names a stop signal
+// (STOPSIGNAL SIGUSR1) gets that signal when its pod stops, not SIGTERM,
+// as kubelet with containerd's CRI sends it.
+func TestE2EImageStopSignal(t *testing.T) {
+	n := newNode(t, "e2e-stopsig")
+	const image = "outpost.test/stopsignal:1"
+	n.ctrd.ImportImageConfig(t, n.ns, image, env.ImageConfig{Cmd: []string{"sh"}, StopSignal: "SIGUSR1"})
+	marker := t.TempDir()
+	n.write("sig.yaml", fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: sig}
+spec:
+  terminationGracePeriodSeconds: 10
+  containers:
+  - name: main
+    image: %s
+    command: [sh, -c, 'trap "echo usr1 >> /marker/log; exit 0" USR1; trap "echo term >> /marker/log; exit 0" TERM; echo up; while true; do sleep 1; done']
+    volumeMounts: [{name: marker, mountPath: /marker}]
+  volumes:
+  - name: marker
+    hostPath: {path: %s, type: Directory}
+`, image, marker))
+	n.start()
+	n.waitPod("sig-e2e-stopsig", 30*time.Second, "running", running)
+	n.waitLogs("sig-e2e-stopsig", 10*time.Second, "up")
+	if err := os.Remove(filepath.Join(n.manifests, "sig.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	within(8*time.Second).For(t, "the trap's line in the marker file", func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(marker, "log"))
+		return err == nil && len(b) > 0, fmt.Sprintf("%q, %v", b, err)
+	})
+	if b, _ := os.ReadFile(filepath.Join(marker, "log")); string(b) != "usr1\n" {
+		t.Fatalf("marker file %q, want the SIGUSR1 trap's line: the image's stop signal", b)
+	}
+}
+
 // TestE2EStartupProbeGatesLiveness runs a container that takes 4 s to
 // start, with a liveness probe that fails until then: the startup probe
 // holds liveness and readiness back, so the container is never restarted,

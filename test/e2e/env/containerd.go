@@ -282,13 +282,20 @@ func (c *Containerd) ImportTestImage(t testing.TB, ns string) containerd.Image {
 // with a tag) whose command is cmd: with sleep, say, a pod sandbox image.
 func (c *Containerd) ImportImage(t testing.TB, ns, name string, cmd ...string) containerd.Image {
 	t.Helper()
+	return c.ImportImageConfig(t, ns, name, ImageConfig{Cmd: cmd})
+}
+
+// ImportImageConfig imports into ns the test image named name (a full
+// reference with a tag) with config cfg.
+func (c *Containerd) ImportImageConfig(t testing.TB, ns, name string, cfg ImageConfig) containerd.Image {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "image.tar")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := writeImage(f, busyboxBinaries(t), name, cmd); err != nil {
+	if err := writeImage(f, busyboxBinaries(t), name, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return c.importImage(t, ns, name, path)

@@ -74,12 +74,20 @@ func WriteTestImage(w io.Writer, busybox map[string]string) error {
 // name (a full reference with a tag, such as outpost.test/other:1) instead
 // of TestImage.
 func WriteTestImageAs(w io.Writer, busybox map[string]string, name string) error {
-	return writeImage(w, busybox, name, []string{"sh"})
+	return writeImage(w, busybox, name, ImageConfig{Cmd: []string{"sh"}})
 }
 
-// writeImage writes the test image named name whose command is cmd.
-func writeImage(w io.Writer, busybox map[string]string, name string, cmd []string) error {
-	l, err := buildTestImage(busybox, cmd)
+// ImageConfig is what a test image's config says beyond the test
+// image's.
+type ImageConfig struct {
+	Cmd []string
+	// StopSignal is the image's STOPSIGNAL, "" for none.
+	StopSignal string
+}
+
+// writeImage writes the test image named name with config cfg.
+func writeImage(w io.Writer, busybox map[string]string, name string, cfg ImageConfig) error {
+	l, err := buildTestImage(busybox, cfg)
 	if err != nil {
 		return err
 	}
@@ -122,7 +130,7 @@ func writeImage(w io.Writer, busybox map[string]string, name string, cmd []strin
 
 // buildTestImage makes the blobs of the test image: per architecture a
 // layer, a config and a manifest, and an index over the manifests.
-func buildTestImage(busybox map[string]string, cmd []string) (*layout, error) {
+func buildTestImage(busybox map[string]string, ic ImageConfig) (*layout, error) {
 	l := &layout{blobs: map[string][]byte{}}
 	arches := make([]string, 0, len(busybox))
 	for a := range busybox {
@@ -146,9 +154,13 @@ func buildTestImage(busybox map[string]string, cmd []string) (*layout, error) {
 		zw.Write(layerTar)
 		zw.Close()
 		layer := l.add("application/vnd.oci.image.layer.v1.tar+gzip", gz.Bytes())
+		imageConfig := map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": ic.Cmd, "WorkingDir": "/"}
+		if ic.StopSignal != "" {
+			imageConfig["StopSignal"] = ic.StopSignal
+		}
 		cfg, _ := json.Marshal(map[string]any{
 			"architecture": arch, "os": "linux", "created": epoch.Format(time.RFC3339),
-			"config": map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": cmd, "WorkingDir": "/"},
+			"config": imageConfig,
 			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
 		})
 		config := l.add("application/vnd.oci.image.config.v1+json", cfg)

@@ -81,7 +81,7 @@ func (r *Registry) Ref(repo, tag string) string { return r.Host + "/" + repo + "
 // distribution API, and returns its reference.
 func (r *Registry) PushTestImage(t testing.TB, repo, tag string) string {
 	t.Helper()
-	l, err := buildTestImage(busyboxBinaries(t), []string{"sh"})
+	l, err := buildTestImage(busyboxBinaries(t), ImageConfig{Cmd: []string{"sh"}})
 	if err != nil {
 		t.Fatal(err)
 	}
