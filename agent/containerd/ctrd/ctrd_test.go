@@ -46,14 +46,24 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// startContainerd starts a containerd for t, which -short skips: under
+// qemu (make test-arm) the test binary's platform is not the daemon's.
+func startContainerd(t *testing.T) *env.Containerd {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: not starting containerd")
+	}
+	env.RequireRoot(t)
+	return env.StartContainerd(t)
+}
+
 // TestContainerTaskAndProcess drives a real containerd through the
 // client: a container on a snapshot of the test image, its task with its
 // output, an exec'd process with its own, the task's exit as an event and
 // as a wait, and the container's removal with its snapshot. The stores
 // read what containerd's own client reads.
 func TestContainerTaskAndProcess(t *testing.T) {
-	env.RequireRoot(t)
-	cd := env.StartContainerd(t)
+	cd := startContainerd(t)
 	const ns = "ctrd-test"
 	v2 := cd.Client(t, ns)
 	img := cd.ImportTestImage(t, ns)
@@ -243,8 +253,7 @@ func TestContainerTaskAndProcess(t *testing.T) {
 // TestKillAndDelete: a running task deleted with kill is killed, waited
 // for and deleted; Kill of a signal reaches the process.
 func TestKillAndDelete(t *testing.T) {
-	env.RequireRoot(t)
-	cd := env.StartContainerd(t)
+	cd := startContainerd(t)
 	const ns = "ctrd-test"
 	img := cd.ImportTestImage(t, ns)
 	ctx := namespaces.WithNamespace(context.Background(), ns)

@@ -247,6 +247,16 @@ func runOn(t *testing.T, ctrd *env.Containerd, s side, img images.Image, chainID
 }
 
 // fileReader returns a reader of the file p's content.
+// startContainerd starts a containerd for t, which -short skips: under
+// qemu (make test-arm) the test binary's platform is not the daemon's.
+func startContainerd(t *testing.T) *env.Containerd {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: not starting containerd")
+	}
+	return env.StartContainerd(t)
+}
+
 func fileReader(t *testing.T, p string) io.Reader {
 	t.Helper()
 	data, err := os.ReadFile(p)
@@ -277,7 +287,7 @@ func clientImport(t *testing.T, s side, r io.Reader) []images.Image {
 // after a garbage collection the image's blobs and snapshot are there in
 // both, and a container runs on its snapshot.
 func TestImportAsTheClient(t *testing.T) {
-	ctrd := env.StartContainerd(t)
+	ctrd := startContainerd(t)
 	tarball := env.TestImageTarball(t)
 	want, got := newSide(t, ctrd, "client"), newSide(t, ctrd, "imageio")
 
@@ -388,7 +398,7 @@ func dockerArchive(t *testing.T, ociTarball string, tags ...string) []byte {
 // where the OCI image was unpacked before, its uncompressed layer is
 // replaced by the unpacked gzip blob, by both.
 func TestImportDockerArchiveAsTheClient(t *testing.T) {
-	ctrd := env.StartContainerd(t)
+	ctrd := startContainerd(t)
 	tarball := env.TestImageTarball(t)
 	archive := dockerArchive(t, tarball, "docker-busybox:2", "outpost.test/docker/busybox:3")
 	for _, tt := range []struct {
@@ -435,7 +445,7 @@ func TestImportDockerArchiveAsTheClient(t *testing.T) {
 // the snapshot.
 func TestPullAsTheClient(t *testing.T) {
 	reg := env.StartRegistry(t)
-	ctrd := env.StartContainerd(t)
+	ctrd := startContainerd(t)
 	ref := reg.PushTestImage(t, "imageio/busybox", "1.35")
 	want, got := newSide(t, ctrd, "client"), newSide(t, ctrd, "imageio")
 
@@ -472,7 +482,7 @@ func TestPullAsTheClient(t *testing.T) {
 // collected (its config's gc label removed) is unpacked again by Unpack,
 // and kept by the label it sets.
 func TestUnpackAfterGarbageCollection(t *testing.T) {
-	ctrd := env.StartContainerd(t)
+	ctrd := startContainerd(t)
 	s := newSide(t, ctrd, "imageio")
 	imgs, err := imageio.Import(s.ctx, s.stores(), fileReader(t, env.TestImageTarball(t)), platforms.Default())
 	if err != nil {
