@@ -1175,28 +1175,23 @@ func stopSignal(name string) syscall.Signal {
 	// The real-time signals, numbered as the C library and moby number
 	// them (SIGRTMIN+3 is systemd's stop signal).
 	const rtmin, rtmax = 34, 64
-	for _, rt := range []struct {
-		prefix string
-		base   int
-		sign   int
-	}{{"SIGRTMIN", rtmin, 1}, {"SIGRTMAX", rtmax, -1}} {
-		rest, ok := strings.CutPrefix(name, rt.prefix)
-		if !ok {
-			continue
+	v := 0
+	switch {
+	case name == "SIGRTMIN":
+		v = rtmin
+	case name == "SIGRTMAX":
+		v = rtmax
+	case strings.HasPrefix(name, "SIGRTMIN+"):
+		if n, err := strconv.Atoi(name[len("SIGRTMIN+"):]); err == nil {
+			v = rtmin + n
 		}
-		n := 0
-		if rest != "" {
-			if (rt.sign > 0 && rest[0] != '+') || (rt.sign < 0 && rest[0] != '-') {
-				break
-			}
-			var err error
-			if n, err = strconv.Atoi(rest[1:]); err != nil || n < 0 {
-				break
-			}
+	case strings.HasPrefix(name, "SIGRTMAX-"):
+		if n, err := strconv.Atoi(name[len("SIGRTMAX-"):]); err == nil {
+			v = rtmax - n
 		}
-		if v := rt.base + rt.sign*n; v >= rtmin && v <= rtmax {
-			return syscall.Signal(v)
-		}
+	}
+	if v >= rtmin && v <= rtmax {
+		return syscall.Signal(v)
 	}
 	return syscall.SIGTERM
 }

@@ -248,7 +248,7 @@ func TestLostExitRecordedOnceBehind(t *testing.T) {
 // without SIG, or by number; none, or one not known, is SIGTERM.
 func TestStopSignal(t *testing.T) {
 	for in, want := range map[string]syscall.Signal{
-		"": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "quit": syscall.SIGQUIT, "SIGRTMIN+3": syscall.Signal(37), "RTMAX-1": syscall.Signal(63), "SIGRTMIN-1": syscall.SIGTERM, "RTMIN+40": syscall.SIGTERM,
+		"": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "quit": syscall.SIGQUIT, "SIGRTMIN+3": syscall.Signal(37), "RTMAX-1": syscall.Signal(63), "SIGRTMIN-1": syscall.SIGTERM, "RTMIN+40": syscall.SIGTERM, "SIGRTMIN": syscall.Signal(34), "rtmax": syscall.Signal(64), "SIGRTMIN+": syscall.SIGTERM, "SIGRTMAX--1": syscall.SIGTERM,
 		"9": syscall.SIGKILL, "SIGUSR1": syscall.SIGUSR1, "NOPE": syscall.SIGTERM, "0": syscall.SIGTERM, "99": syscall.SIGTERM,
 	} {
 		if got := stopSignal(in); got != want {
