@@ -724,8 +724,10 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 func (r *Runtime) deleteTask(ctx context.Context, id string) error {
 	ts := r.client.Tasks
 	ts.Kill(ctx, &tasks.KillRequest{ContainerID: id, Signal: uint32(syscall.SIGKILL), All: true})
-	if _, err := ts.Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: id}); err != nil && !errdefs.IsNotFound(ctrd.Native(err)) {
-		return ctrd.Native(err)
+	if _, err := ts.Delete(ctx, &tasks.DeleteTaskRequest{ContainerID: id}); err != nil {
+		if err = ctrd.Native(err); !errdefs.IsNotFound(err) {
+			return err
+		}
 	}
 	return nil
 }
@@ -958,8 +960,8 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 			out = append(out, ac)
 			continue
 		}
-		// One Get through the task service gives the state; the client's
-		// Task and Status would ask the shim twice.
+		// One Get through the task service gives the state; ctrd's Task
+		// and Status would ask the shim twice.
 		resp, terr := r.client.Tasks.Get(ctx, &tasks.GetRequest{ContainerID: c.ID()})
 		if terr != nil {
 			terr = ctrd.Native(terr)
