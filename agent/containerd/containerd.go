@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -1137,9 +1139,29 @@ func (r *Runtime) eventContainer(ev typeurl.Any) string {
 	return ""
 }
 
+// An image imported from a tarball of the agent's image directory
+// carries the tarball's file name and a record of the import: the
+// tarball's version (as the caller names it), how many images the
+// import brought and the image's target then. The agent, started again,
+// finds there that an unchanged tarball's images are all still in
+// containerd as it left them, and does not copy the tarball into the
+// content store once more: on a board, a read of every tarball and as
+// many writes to its SD card, before any pod starts, at every boot.
+const (
+	labelTarball       = "io.outpost.image.tarball"
+	labelTarballImport = "io.outpost.image.tarball-import"
+)
+
+// tarballImport is the value of labelTarballImport.
+func tarballImport(version string, images int, target digest.Digest) string {
+	return version + " " + strconv.Itoa(images) + " " + target.String()
+}
+
 // ImportFile imports an OCI or docker-archive tarball and unpacks its
-// images, returning their names.
-func (r *Runtime) ImportFile(ctx context.Context, path string) ([]string, error) {
+// images, returning their names. A non-empty version, the tarball's as
+// the caller tells its versions apart, records the import on the images
+// for Imported, with the tarball's base name.
+func (r *Runtime) ImportFile(ctx context.Context, path, version string) ([]string, error) {
 	ctx = r.ctx(ctx)
 	f, err := os.Open(path)
 	if err != nil {
@@ -1155,7 +1177,46 @@ func (r *Runtime) ImportFile(ctx context.Context, path string) ([]string, error)
 	if err != nil {
 		return names, fmt.Errorf("import %s: %w", path, err)
 	}
+	if version == "" {
+		return names, nil
+	}
+	for _, img := range imgs {
+		img.Labels = map[string]string{
+			labelTarball:       filepath.Base(path),
+			labelTarballImport: tarballImport(version, len(imgs), img.Target.Digest),
+		}
+		if _, err := r.client.Images.Update(ctx, img, "labels."+labelTarball, "labels."+labelTarballImport); err != nil {
+			return names, fmt.Errorf("import %s: record the import on image %s: %w", path, img.Name, err)
+		}
+	}
 	return names, nil
+}
+
+// Imported returns the names of the images that ImportFile brought from
+// the tarball named file at version, and whether they are all still in
+// containerd with the targets it gave them: if so, importing that
+// version again would change nothing.
+func (r *Runtime) Imported(ctx context.Context, file, version string) ([]string, bool) {
+	ctx = r.ctx(ctx)
+	imgs, err := r.client.Images.List(ctx)
+	if err != nil {
+		r.deps.Log.Debug("list images", "err", err)
+		return nil, false
+	}
+	var mine []images.Image
+	for _, img := range imgs {
+		if img.Labels[labelTarball] == file {
+			mine = append(mine, img)
+		}
+	}
+	names := make([]string, 0, len(mine))
+	for _, img := range mine {
+		if img.Labels[labelTarballImport] != tarballImport(version, len(mine), img.Target.Digest) {
+			return nil, false
+		}
+		names = append(names, img.Name)
+	}
+	return names, len(names) > 0
 }
 
 // stopSignal is the signal named by an image's stop signal (SIGINT, INT,

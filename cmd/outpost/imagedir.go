@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,9 +18,12 @@ import (
 const imagePollInterval = 2 * time.Second
 
 // importer imports an image tarball and returns the names of its images;
-// the containerd adapter is one.
+// the containerd adapter is one. ImportFile records the tarball's version
+// with its images, and Imported says whether the images an import of
+// that version brought are all still there, as it left them.
 type importer interface {
-	ImportFile(ctx context.Context, path string) ([]string, error)
+	ImportFile(ctx context.Context, path, version string) ([]string, error)
+	Imported(ctx context.Context, file, version string) ([]string, bool)
 }
 
 // fileStamp is what a directory listing says of a file: an edit or a copy
@@ -29,12 +33,19 @@ type fileStamp struct {
 	mtime time.Time
 }
 
-// imageDir imports the image tarballs (*.tar) of a directory: every one
-// at start, then, while the agent runs, each one that appears or changes,
-// once it has looked the same on two polls in a row (so a tarball still
-// being copied is not imported half-written). A tarball is imported once
-// per version: one whose import failed is tried again only after it
-// changes.
+// version names the file's version to the importer.
+func (s fileStamp) version() string {
+	return strconv.FormatInt(s.size, 10) + "@" + strconv.FormatInt(s.mtime.UnixNano(), 10)
+}
+
+// imageDir imports the image tarballs (*.tar) of a directory: at start,
+// every one whose images are not in containerd as its last import left
+// them (an agent or board restart does not copy an unchanged tarball
+// into containerd again); then, while the agent runs, each one that
+// appears or changes, once it has looked the same on two polls in a row
+// (so a tarball still being copied is not imported half-written). A
+// tarball is imported once per version: one whose import failed is
+// tried again only after it changes.
 type imageDir struct {
 	dir string
 	imp importer
@@ -99,7 +110,11 @@ func (d *imageDir) scan(ctx context.Context, settle bool) bool {
 			return imported
 		}
 		d.done[name] = st
-		names, err := d.imp.ImportFile(ctx, filepath.Join(d.dir, name))
+		if names, ok := d.imp.Imported(ctx, name, st.version()); ok {
+			d.log.Debug("image tarball imported before", "file", filepath.Join(d.dir, name), "images", names)
+			continue
+		}
+		names, err := d.imp.ImportFile(ctx, filepath.Join(d.dir, name), st.version())
 		if err != nil {
 			d.log.Warn("import image tarball; trying again when the file changes", "file", filepath.Join(d.dir, name), "err", err)
 			continue

@@ -17,14 +17,16 @@ import (
 	"github.com/outpost-edge/outpost/internal/waittest"
 )
 
-// fakeImporter records the files it is asked to import; a file whose
-// content starts with "bad" fails.
+// fakeImporter records the files it is asked to import, and the version
+// of each file whose images it holds, as containerd's image labels do; a
+// file whose content starts with "bad" fails.
 type fakeImporter struct {
-	mu    sync.Mutex
-	calls []string
+	mu       sync.Mutex
+	calls    []string
+	versions map[string]string // file name: the version imported
 }
 
-func (f *fakeImporter) ImportFile(_ context.Context, path string) ([]string, error) {
+func (f *fakeImporter) ImportFile(_ context.Context, path, version string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, filepath.Base(path))
@@ -35,7 +37,27 @@ func (f *fakeImporter) ImportFile(_ context.Context, path string) ([]string, err
 	if bytes.HasPrefix(data, []byte("bad")) {
 		return nil, errors.New("not a tarball")
 	}
+	if f.versions == nil {
+		f.versions = map[string]string{}
+	}
+	f.versions[filepath.Base(path)] = version
 	return []string{"img/" + filepath.Base(path)}, nil
+}
+
+func (f *fakeImporter) Imported(_ context.Context, file, version string) ([]string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v, ok := f.versions[file]; !ok || v != version {
+		return nil, false
+	}
+	return []string{"img/" + file}, true
+}
+
+// forget drops the images of file, as an image removed from containerd.
+func (f *fakeImporter) forget(file string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.versions, file)
 }
 
 func (f *fakeImporter) take() []string {
@@ -126,6 +148,50 @@ func TestImageDirImportsSettledNewAndChangedFiles(t *testing.T) {
 	write("b.tar", "bbbb")
 	poll()
 	poll("b.tar")
+}
+
+// After a restart the start-up import skips a tarball whose images are
+// there as its import left them, and imports one that changed or whose
+// images are gone.
+func TestImageDirRestartImportsOnlyWhatIsNotThere(t *testing.T) {
+	dir := t.TempDir()
+	imp := &fakeImporter{}
+	mtime := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, name := range []string{"a.tar", "b.tar", "c.tar", "d.tar"} {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func() (imported []string, wakes int) {
+		t.Helper()
+		d := newImageDir(dir, imp, slog.New(slog.DiscardHandler))
+		d.onImport = func() { wakes++ }
+		d.importAll(context.Background())
+		got := imp.take()
+		slices.Sort(got)
+		return got, wakes
+	}
+	if got, _ := start(); !slices.Equal(got, []string{"a.tar", "b.tar", "c.tar", "d.tar"}) {
+		t.Fatalf("first start imported %q, want all four", got)
+	}
+	if got, wakes := start(); len(got) != 0 || wakes != 0 {
+		t.Fatalf("a restart with nothing changed imported %q (%d wakes), want nothing", got, wakes)
+	}
+	imp.forget("b.tar") // its image removed
+	later := mtime.Add(time.Second)
+	if err := os.Chtimes(filepath.Join(dir, "c.tar"), later, later); err != nil { // touched
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "d.tar"), []byte("d, grown"), 0o644); err != nil { // rewritten
+		t.Fatal(err)
+	}
+	if got, wakes := start(); !slices.Equal(got, []string{"b.tar", "c.tar", "d.tar"}) || wakes != 1 {
+		t.Fatalf("restart imported %q (%d wakes), want b.tar, c.tar, d.tar (1 wake)", got, wakes)
+	}
 }
 
 func TestImageDirMissingDirIsQuietAndPickedUpLater(t *testing.T) {

@@ -33,7 +33,7 @@ func runImages(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer rt.Close()
 	for _, f := range fs.Args() {
-		names, err := rt.ImportFile(ctx, f)
+		names, err := rt.ImportFile(ctx, f, "")
 		if err != nil {
 			return err
 		}

@@ -345,4 +345,49 @@ func TestImagesImportedFromImageDir(t *testing.T) {
 	if !strings.Contains(string(log), "imported images") || !strings.Contains(string(log), "dropped.tar") {
 		t.Fatalf("no import of dropped.tar logged:\n%s", log)
 	}
+
+	// Started again, as after a reboot, the agent does not import the
+	// unchanged tarball again: its image is in containerd as the import
+	// left it.
+	restart := func() string {
+		t.Helper()
+		n.stop()
+		before := len(readAgentLog(t, n))
+		n.start()
+		var since string
+		within(20*time.Second).For(t, "the agent's start-up look at its image directory", func() (bool, string) {
+			since = readAgentLog(t, n)[before:]
+			return strings.Contains(since, "dropped.tar"), since
+		})
+		return since
+	}
+	if since := restart(); strings.Contains(since, "imported images") || !strings.Contains(since, "image tarball imported before") {
+		t.Fatalf("the unchanged tarball was imported again at start:\n%s", since)
+	}
+	// An image gone from containerd comes back from its tarball at the
+	// next start.
+	run(t, "ctr", "-a", n.ctrd.Address, "-n", n.ns, "images", "rm", image)
+	if since := restart(); !strings.Contains(since, "imported images") {
+		t.Fatalf("the tarball of a removed image was not imported again at start:\n%s", since)
+	}
+	// So does a tarball that changed while the agent was down.
+	n.stop()
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(filepath.Join(imageDir, "dropped.tar"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if since := restart(); !strings.Contains(since, "imported images") {
+		t.Fatalf("a changed tarball was not imported again at start:\n%s", since)
+	}
+	n.waitPod("dropped-e2e-drop", 20*time.Second, "running after the restarts", running)
+}
+
+// readAgentLog returns the node's agent log so far.
+func readAgentLog(t *testing.T, n *node) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.dir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
