@@ -62,6 +62,9 @@ scripts/testenv/build-tools.sh peers
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# The tree the binaries are built from, not the one at the end of a run
+# that lasts an hour.
+built=$(git describe --always --dirty 2>/dev/null || echo unknown)
 CGO_ENABLED=0 "$GO" build -tags grpcnotrace -trimpath -ldflags '-s -w' -o "$tmp/outpost" ./cmd/outpost
 # The shim start binary beside the agent, as the packages install it.
 CGO_ENABLED=0 "$GO" build -trimpath -ldflags '-s -w' -o "$tmp/containerd-shim-outpost-v2" ./cmd/containerd-shim-outpost-v2
@@ -113,7 +116,7 @@ versions=$(
 	echo "kubelet $(cat "$TOOLS/bin/.kubelet.version")"
 	echo "containerd $(containerd --version | awk '{print $3}')"
 	echo "runc $(runc --version | awk 'NR == 1 {print $3}')"
-	echo "outpost $(git describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "outpost $built"
 	echo "nftables $(nft --version | awk '{print $2}')"
 	echo "kernel $(uname -r)"
 )
