@@ -271,15 +271,24 @@ func TestKillAndDelete(t *testing.T) {
 	sn := cl.SnapshotService("overlayfs")
 	start := func(id string, args ...string) (*ctrd.Container, *ctrd.Task) {
 		t.Helper()
-		if _, err := sn.Prepare(ctx, id, identity.ChainID(diffIDs).String()); err != nil {
-			t.Fatal(err)
-		}
-		info := containers.Container{ID: id, Snapshotter: "overlayfs", SnapshotKey: id, Runtime: containers.RuntimeInfo{Name: defaults.DefaultRuntime}}
-		spec, err := oci.GenerateSpec(ctx, cl, &info, oci.WithProcessArgs(args...), oci.WithHostNamespace("network"))
+		// Under a lease until the container holds its snapshot, as the
+		// agent creates one: containerd's collector, which the image
+		// import's end may set off, takes a snapshot nothing refers to.
+		l, err := cl.Leases.Create(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := cl.CreateContainer(ctx, info, spec)
+		defer cl.Leases.Delete(ctx, l)
+		lctx := leases.WithLease(ctx, l.ID)
+		if _, err := sn.Prepare(lctx, id, identity.ChainID(diffIDs).String()); err != nil {
+			t.Fatal(err)
+		}
+		info := containers.Container{ID: id, Snapshotter: "overlayfs", SnapshotKey: id, Runtime: containers.RuntimeInfo{Name: defaults.DefaultRuntime}}
+		spec, err := oci.GenerateSpec(lctx, cl, &info, oci.WithProcessArgs(args...), oci.WithHostNamespace("network"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := cl.CreateContainer(lctx, info, spec)
 		if err != nil {
 			t.Fatal(err)
 		}
