@@ -87,7 +87,14 @@ type Config struct {
 	// shim (cmd/containerd-shim-outpost-v2, an absolute path); empty
 	// leaves it to the container's runtime, containerd-shim-runc-v2.
 	ShimStart string
-	Log       crilog.Options
+	// OCIRuntime is the OCI runtime the runc shim runs for the tasks
+	// (crun, or its path); empty is runc.
+	OCIRuntime string
+	// SpecVersion, if not empty, is the ociVersion the containers'
+	// specs declare: the runtime-spec version OCIRuntime implements, as
+	// its --version says, where the client's own may be one it refuses.
+	SpecVersion string
+	Log         crilog.Options
 }
 
 // Deps are the adapter's collaborators.
@@ -426,6 +433,9 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		withNoNewPrivileges(s.Security.NoNewPrivileges),
 		oci.WithAnnotations(map[string]string{shimGroupAnnotation: r.shimGroup(s.Labels[agent.LabelPodUID])}),
 	)
+	if v := r.cfg.SpecVersion; v != "" {
+		opts = append(opts, withSpecVersion(v))
+	}
 	if s.Hostname != "" {
 		opts = append(opts, oci.WithHostname(s.Hostname))
 	}
@@ -557,6 +567,14 @@ func (r *Runtime) lockGroup(labels map[string]string) func() {
 	return m.Unlock
 }
 
+// withSpecVersion declares version as the spec's ociVersion.
+func withSpecVersion(version string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		s.Version = version
+		return nil
+	}
+}
+
 func capNames(caps []string) []string {
 	out := make([]string, len(caps))
 	for i, c := range caps {
@@ -683,7 +701,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	creator := streamCreator(r.poll, r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
-	task, err := c.NewTask(ctx, creator, r.cfg.ShimStart)
+	task, err := c.NewTask(ctx, creator, ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime})
 	if errdefs.IsAlreadyExists(err) {
 		// An agent killed while containerd created the task can leave
 		// it in containerd's task list with no process behind it:
@@ -693,7 +711,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		if derr := r.deleteTask(ctx, id); derr != nil {
 			err = fmt.Errorf("%w; deleting it: %v", err, derr)
 		} else {
-			task, err = c.NewTask(ctx, creator, r.cfg.ShimStart)
+			task, err = c.NewTask(ctx, creator, ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime})
 		}
 	}
 	unlock()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -150,7 +151,11 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 	var images *imageDir
 	var px *proxy.Proxy // nil with --record-only
 	if !*noPods {
-		rt, err = connectRuntime(ctx, cfg, clk, log)
+		oci, err := lookOCIRuntime(ctx, cfg.Containerd.OCIRuntime)
+		if err != nil {
+			return err
+		}
+		rt, err = connectRuntime(ctx, cfg, oci, clk, log)
 		if err != nil {
 			return err
 		}
@@ -309,7 +314,7 @@ func notifyServiceManager(ctx context.Context, a *agent.Agent, clk clock.Clock, 
 
 // connectRuntime connects to containerd, waiting for it (it may start
 // after the agent at boot) until ctx ends.
-func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log *slog.Logger) (*ctrd.Runtime, error) {
+func connectRuntime(ctx context.Context, cfg config.Config, oci ociRuntime, clk clock.Clock, log *slog.Logger) (*ctrd.Runtime, error) {
 	backoff := time.Second
 	shim := shimStart(log)
 	for {
@@ -317,12 +322,13 @@ func connectRuntime(ctx context.Context, cfg config.Config, clk clock.Clock, log
 		rt, err := ctrd.New(cctx, ctrd.Config{
 			Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 			FIFODir: filepath.Join(cfg.RunDir, "fifo"), ShimGroups: cfg.Containerd.ShimGroups, ShimStart: shim,
+			OCIRuntime: oci.path, SpecVersion: oci.specVersion,
 			Log: crilog.Options{MaxBytes: cfg.ContainerLogMaxBytes(), MaxFiles: cfg.ContainerLogMaxFiles},
 		}, ctrd.Deps{Clock: clk, Log: log})
 		cancel()
 		if err == nil {
 			v, _ := rt.Version(ctx)
-			log.Info("connected to containerd", "address", cfg.Containerd.Address, "version", v, "namespace", cfg.Containerd.Namespace)
+			log.Info("connected to containerd", "address", cfg.Containerd.Address, "version", v, "namespace", cfg.Containerd.Namespace, "ociRuntime", cmp.Or(oci.path, "runc"))
 			return rt, nil
 		}
 		log.Warn("containerd not reachable; retrying", "address", cfg.Containerd.Address, "err", err, "in", backoff)

@@ -27,7 +27,7 @@ func runImages(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	rt, err := connectRuntime(ctx, cfg, clock.Real{}, log)
+	rt, err := connectRuntime(ctx, cfg, ociRuntime{}, clock.Real{}, log)
 	if err != nil {
 		return err
 	}

@@ -83,6 +83,10 @@ type Containerd struct {
 	// CgroupParent is the cgroup, in every hierarchy, that holds the
 	// pods' cgroups (pod<UID>, and a cgroup per container below it).
 	CgroupParent string `json:"cgroupParent"`
+	// OCIRuntime is the OCI runtime the runc shim runs for the pods'
+	// containers, a name looked up in PATH or an absolute path (crun);
+	// empty is the shim's own default, runc.
+	OCIRuntime string `json:"ociRuntime"`
 }
 
 // MQTT is the link to an MQTT broker (docs/mqtt.md).
@@ -442,6 +446,9 @@ func (c Config) validate(name string) error {
 	if c.Containerd.ShimGroups < 0 || c.Containerd.ShimGroups > 256 {
 		bad("containerd.shimGroups", "%d is not between 0 and 256", c.Containerd.ShimGroups)
 	}
+	if r := c.Containerd.OCIRuntime; r != "" && !validOCIRuntime(r) {
+		bad("containerd.ociRuntime", "%q is neither a program name (like crun) nor a clean absolute path", r)
+	}
 	if p := c.Containerd.CgroupParent; !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
 		bad("containerd.cgroupParent", "%q is not a clean absolute cgroup path below the root, like /outpost", p)
 	}
@@ -610,4 +617,20 @@ func checkCIDR(bad func(string, string, ...any), field, v string) (netip.Prefix,
 		return p, false
 	}
 	return p, true
+}
+
+// validOCIRuntime reports whether r is a program name of letters,
+// digits, '.', '_', '+' and '-', or a clean absolute path.
+func validOCIRuntime(r string) bool {
+	if strings.HasPrefix(r, "/") {
+		return path.Clean(r) == r && r != "/" && !strings.ContainsAny(r, "\x00\n")
+	}
+	for _, c := range r {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '+', c == '-':
+		default:
+			return false
+		}
+	}
+	return r != "." && r != ".."
 }

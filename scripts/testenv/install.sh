@@ -8,12 +8,12 @@
 set -euo pipefail
 
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
-PKGS=(containerd runc mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates python3 jq qemu-user-static qemu-user-static lintian rpm shellcheck mmdebstrap fdisk dosfstools mtools e2fsprogs openssl curl)
+PKGS=(containerd runc crun mosquitto mosquitto-clients busybox-static nftables iproute2 ca-certificates python3 jq qemu-user-static qemu-user-static lintian rpm shellcheck mmdebstrap fdisk dosfstools mtools e2fsprogs openssl curl)
 # Commands that say a package is there. The package manager is asked only
 # when one is missing, so a second run costs nothing. "a|b" is either.
 # qemu-user-static (make test-arm) names its emulators qemu-aarch64-static
 # on Debian 12 and Ubuntu, plain qemu-aarch64 from Debian 13 on.
-CMDS=(containerd runc mosquitto mosquitto_pub busybox nft ip update-ca-certificates python3 jq
+CMDS=(containerd runc crun mosquitto mosquitto_pub busybox nft ip update-ca-certificates python3 jq
 	"qemu-aarch64-static|qemu-aarch64" "qemu-arm-static|qemu-arm" lintian rpm shellcheck mmdebstrap sfdisk mkfs.vfat mcopy mkfs.ext4 openssl curl)
 
 if [[ $(id -u) != 0 ]]; then

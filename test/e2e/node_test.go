@@ -90,7 +90,12 @@ type node struct {
 func newNode(t testing.TB, name string) *node {
 	t.Helper()
 	env.RequireRoot(t)
-	ctrd := env.StartContainerd(t)
+	return newNodeOn(t, name, env.StartContainerd(t))
+}
+
+// newNodeOn is newNode on the containerd ctrd.
+func newNodeOn(t testing.TB, name string, ctrd *env.Containerd) *node {
+	t.Helper()
 	// A namespace of its own: runc keeps state under /run/containerd/runc/<namespace>,
 	// shared by every containerd on the machine.
 	ns := fmt.Sprintf("outpost-e2e-%d", time.Now().UnixNano()%1e9)

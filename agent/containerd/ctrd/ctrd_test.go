@@ -163,7 +163,7 @@ func TestContainerTaskAndProcess(t *testing.T) {
 
 	pr, pw := io.Pipe()
 	out := &syncBuffer{}
-	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithStreams(pr, out, out), cio.WithFIFODir(t.TempDir())), "")
+	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithStreams(pr, out, out), cio.WithFIFODir(t.TempDir())), ctrd.TaskOpts{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestKillAndDelete(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		task, err := c.NewTask(ctx, cio.NullIO, "")
+		task, err := c.NewTask(ctx, cio.NullIO, ctrd.TaskOpts{})
 		if err != nil {
 			t.Fatal(err)
 		}

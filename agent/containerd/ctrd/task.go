@@ -11,6 +11,7 @@ import (
 
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	"github.com/containerd/containerd/api/types"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -18,11 +19,14 @@ import (
 	"github.com/containerd/fifo"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // The calls below follow the v2 client's container, task and process
 // (client/container.go, task.go, process.go), without what the agent
-// does not use: checkpoints, runtime options, Windows, tracing.
+// does not use: checkpoints, runtime options but the OCI runtime's name,
+// Windows, tracing.
 
 // Container is a container as containerd held it when it was loaded.
 type Container struct {
@@ -181,10 +185,42 @@ func loadFIFOs(resp *tasksapi.GetResponse) *cio.FIFOSet {
 	return cio.NewFIFOSet(cio.Config{Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr, Terminal: p.Terminal}, closer)
 }
 
+// TaskOpts say how a task is created.
+type TaskOpts struct {
+	// RuntimePath, if not empty, is the shim binary containerd runs to
+	// start the task's shim.
+	RuntimePath string
+	// OCIRuntime, if not empty, is the OCI runtime the runc shim runs
+	// for the task (its BinaryName option) instead of runc.
+	OCIRuntime string
+}
+
+// runcOptionsType is the type URL containerd's runc shims know their
+// options by: the message's full name, which they look up in the
+// protobuf registry as it is (containerd 1.6's gogo-based typeurl has
+// no type.googleapis.com/ prefix to strip).
+const runcOptionsType = "containerd.runc.v1.Options"
+
+// options are the runc shim's options for a task created with o, or nil
+// for the shim's defaults.
+func (o TaskOpts) options() (*anypb.Any, error) {
+	if o.OCIRuntime == "" {
+		return nil, nil
+	}
+	b, err := proto.Marshal(&runcoptions.Options{BinaryName: o.OCIRuntime})
+	if err != nil {
+		return nil, fmt.Errorf("runc options: %w", err)
+	}
+	return &anypb.Any{TypeUrl: runcOptionsType, Value: b}, nil
+}
+
 // NewTask creates the container's task on its snapshot's mounts, with IO
-// from create. runtimePath, if not empty, is the shim binary containerd
-// runs to start the task's shim.
-func (c *Container) NewTask(ctx context.Context, create cio.Creator, runtimePath string) (_ *Task, err error) {
+// from create, as opts say.
+func (c *Container) NewTask(ctx context.Context, create cio.Creator, opts TaskOpts) (_ *Task, err error) {
+	options, err := opts.options()
+	if err != nil {
+		return nil, err
+	}
 	i, err := create(c.info.ID)
 	if err != nil {
 		return nil, err
@@ -199,7 +235,7 @@ func (c *Container) NewTask(ctx context.Context, create cio.Creator, runtimePath
 	req := &tasksapi.CreateTaskRequest{
 		ContainerID: c.info.ID, Terminal: cfg.Terminal,
 		Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr,
-		RuntimePath: runtimePath,
+		RuntimePath: opts.RuntimePath, Options: options,
 	}
 	if c.info.SnapshotKey != "" {
 		if c.info.Snapshotter == "" {

@@ -29,6 +29,7 @@ type Containerd struct {
 
 	dir, cfgPath, bin string
 	netns             string
+	v1Only            bool
 	proc              *process
 }
 
@@ -53,6 +54,29 @@ func StartContainerd(t testing.TB) *Containerd {
 	return startContainerd(t, nil)
 }
 
+// StartContainerdV1Only starts a containerd as StartContainerd does; on a
+// host that mounts a cgroup v2 hierarchy beside the v1 ones (a hybrid
+// layout, as /sys/fs/cgroup/unified), the daemon, its shims and their
+// OCI runtimes run in a mount namespace of their own without it. crun
+// 1.8 (Debian 12) refuses a hybrid layout with any controller on v2, as
+// this machine's hugetlb is, and changing which hierarchy a controller
+// is on would change the host's. The namespace is a slave of the host's:
+// mounts made later under a shared mount (the pods' netns pins under
+// /run/netns) reach it, mounts under a private one do not.
+func StartContainerdV1Only(t testing.TB) *Containerd {
+	t.Helper()
+	c := &Containerd{v1Only: true}
+	return startContainerdAs(t, c, nil)
+}
+
+// HybridCgroups reports whether the host mounts a cgroup v2 hierarchy at
+// /sys/fs/cgroup/unified beside v1 hierarchies.
+func HybridCgroups() bool {
+	var st syscall.Statfs_t
+	const cgroup2Magic = 0x63677270
+	return syscall.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == cgroup2Magic
+}
+
 // StartContainerdCRI starts a containerd as StartContainerd does, with its
 // CRI plugin serving kubelet on the same socket, in the network namespace
 // opts names. Images are imported with ImportTestImage and ImportImage
@@ -64,6 +88,11 @@ func StartContainerdCRI(t testing.TB, opts CRIOptions) *Containerd {
 
 func startContainerd(t testing.TB, cri *CRIOptions) *Containerd {
 	t.Helper()
+	return startContainerdAs(t, &Containerd{}, cri)
+}
+
+func startContainerdAs(t testing.TB, c *Containerd, cri *CRIOptions) *Containerd {
+	t.Helper()
 	RequireRoot(t)
 	bin := lookTool(t, "containerd")
 	// Unix socket paths are short (108 bytes): keep the dir near the root.
@@ -71,13 +100,10 @@ func startContainerd(t testing.TB, cri *CRIOptions) *Containerd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Containerd{
-		Address:      filepath.Join(dir, "containerd.sock"),
-		Root:         filepath.Join(dir, "root"),
-		State:        filepath.Join(dir, "state"),
-		CgroupParent: "/" + filepath.Base(dir),
-		dir:          dir, bin: bin,
-	}
+	c.Address = filepath.Join(dir, "containerd.sock")
+	c.Root, c.State = filepath.Join(dir, "root"), filepath.Join(dir, "state")
+	c.CgroupParent = "/" + filepath.Base(dir)
+	c.dir, c.bin = dir, bin
 	plugins := `disabled_plugins = ["io.containerd.grpc.v1.cri"]`
 	if cri != nil {
 		c.netns = cri.Netns
@@ -153,6 +179,10 @@ state = %q
 func (c *Containerd) start(t testing.TB) *containerd.Client {
 	t.Helper()
 	args := []string{c.bin, "--config", c.cfgPath, "--log-level", "warn"}
+	if c.v1Only && HybridCgroups() {
+		args = append([]string{"unshare", "--mount", "--propagation", "slave", "--",
+			"sh", "-c", `umount /sys/fs/cgroup/unified && exec "$0" "$@"`}, args...)
+	}
 	if c.netns != "" {
 		args = append([]string{"nsenter", "--net=" + c.netns}, args...)
 	}

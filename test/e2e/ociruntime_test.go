@@ -1,0 +1,73 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outpost-edge/outpost/agent"
+	"github.com/outpost-edge/outpost/test/e2e/env"
+)
+
+// TestE2ECrun runs the pods on crun (containerd.ociRuntime: crun): a web
+// server reachable on its pod IP and ready by its probe, its log, and
+// the same pod back after a power cut, each time started by crun (its
+// state, not runc's, in the shim's runtime root). crun is one of the
+// test packages (scripts/testenv/install.sh).
+func TestE2ECrun(t *testing.T) {
+	env.RequireRoot(t)
+	if _, err := exec.LookPath("crun"); err != nil {
+		t.Fatalf("crun: %v (scripts/testenv/install.sh installs it)", err)
+	}
+	n := newNodeOn(t, "e2e-crun", env.StartContainerdV1Only(t))
+	cfg, err := os.ReadFile(n.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = []byte(strings.Replace(string(cfg), "containerd:\n", "containerd:\n  ociRuntime: crun\n", 1))
+	if err := os.WriteFile(n.cfg, cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.write("web.yaml", webPod)
+	n.write("sensor.yaml", sensorPod)
+	n.start()
+	check := func(when string) {
+		t.Helper()
+		web := n.waitPod("web-e2e-crun", 60*time.Second, "running and ready "+when, func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+		out, err := n.fetch("http://" + web.Status.PodIP + ":8080/")
+		if err != nil || !strings.Contains(out, "hello from outpost") {
+			t.Fatalf("fetch from pod IP %s: %v: %q", when, err, out)
+		}
+		n.waitPod("sensor-e2e-crun", 30*time.Second, "running "+when, running)
+		tasks := n.runningTasks(t)
+		if len(tasks) != 2 {
+			t.Fatalf("%d running tasks %s, want 2: %v", len(tasks), when, tasks)
+		}
+		// The runc shim keeps its OCI runtime's state under its root:
+		// crun writes a status file there, runc a state.json.
+		for id := range tasks {
+			dir := filepath.Join("/run/containerd/runc", n.ns, id)
+			if _, err := os.Stat(filepath.Join(dir, "status")); err != nil {
+				t.Errorf("task %s %s: no crun state: %v", id, when, err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "state.json")); err == nil {
+				t.Errorf("task %s %s: runc's state.json in %s", id, when, dir)
+			}
+		}
+		n.waitLogs("sensor-e2e-crun", 30*time.Second, "started on e2e-crun")
+	}
+	check("at first")
+
+	n.kill()
+	n.ctrd.PowerCut(t)
+	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
+	n.removePodNetns()
+	run(t, "ip", "netns", "delete", n.netns)
+	run(t, "ip", "netns", "add", n.netns)
+	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
+	n.start()
+	check("after a power cut")
+}
