@@ -32,7 +32,7 @@ def parse(path):
             m = re.search(r"OUTPOST_BENCH_RSS_SERVICES=(\d+)", env)
             if m:
                 size = m.group(1)
-            m = re.search(r"BENCH_PEER=(\w+)", env)
+            m = re.search(r"BENCH_PEER=([\w-]+)", env)
             if m:
                 name += ":" + m.group(1)
             metrics = runs.setdefault((name, int(size) if size else 0), {})
@@ -94,18 +94,20 @@ def rows_from(runs):
     if op or kl:
         for metric, what, unit, peer in PODS:
             rows.append(Row(what, unit, op.get(metric, []), kl.get(metric, []), peer))
-    rb = {peer: runs.get((f"BenchmarkPeersReboot:{peer}", 0), {}).get("reboot-ms", []) for peer in ("outpost", "kubelet", "runc", "containerd")}
-    if any(rb.values()):
-        rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["kubelet"], "kubelet"))
-        rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["runc"], "bare runc (floor)"))
-        if rb["containerd"]:
-            rows.append(Row("offline reboot, 30 static pods: back", "ms", rb["outpost"], rb["containerd"], "bare containerd client"))
-    rc = {peer: runs.get((f"BenchmarkPeersReboot:{peer}", 0), {}).get("reboot-cpu-ms", []) for peer in ("outpost", "kubelet", "runc", "containerd")}
-    if any(rc.values()):
-        rows.append(Row("offline reboot, 30 static pods: machine CPU", "ms", rc["outpost"], rc["kubelet"], "kubelet"))
-        rows.append(Row("offline reboot, 30 static pods: machine CPU", "ms", rc["outpost"], rc["runc"], "bare runc (floor)"))
-        if rc["containerd"]:
-            rows.append(Row("offline reboot, 30 static pods: machine CPU", "ms", rc["outpost"], rc["containerd"], "bare containerd client"))
+    peers = ("outpost", "kubelet", "runc", "containerd", "crun", "outpost-crun")
+    for metric, what in (("reboot-ms", "back"), ("reboot-cpu-ms", "machine CPU")):
+        r = {peer: runs.get((f"BenchmarkPeersReboot:{peer}", 0), {}).get(metric, []) for peer in peers}
+        if not any(r.values()):
+            continue
+        row = f"offline reboot, 30 static pods: {what}"
+        rows.append(Row(row, "ms", r["outpost"], r["kubelet"], "kubelet"))
+        rows.append(Row(row, "ms", r["outpost"], r["runc"], "bare runc (floor)"))
+        if r["containerd"]:
+            rows.append(Row(row, "ms", r["outpost"], r["containerd"], "bare containerd client"))
+        if r["outpost-crun"]:
+            row = f"offline reboot on crun, 30 static pods: {what}"
+            rows.append(Row(row, "ms", r["outpost-crun"], r["crun"], "bare crun (floor)"))
+            rows.append(Row(row, "ms", r["outpost-crun"], r["runc"], "bare runc"))
     sizes = sorted(n for (b, n) in runs if b == "BenchmarkProxyVsKubeProxy")
     for n in sizes:
         m = runs[("BenchmarkProxyVsKubeProxy", n)]
@@ -225,6 +227,9 @@ How each row is measured:
   same 30 containers, all at once, from bundles made beforehand (after one pass to warm the caches). The floor on
   containerd is a bare client of the node's containerd that, after the same power cut, creates the 30 containers
   from the image and starts their tasks, all at once, in 4 shim groups as outpost's (spread evenly), with no pod network and no logs.
+  The crun rows are the same with `containerd.ociRuntime: crun` against bare `crun create` + `crun start` (Debian's
+  crun 1.8, which refuses a hybrid cgroup layout with a controller on v2: where the host has one, containerd and the
+  bare crun run in a mount namespace without `/sys/fs/cgroup/unified`).
 - **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
   runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
   sync, then the partial syncs each change caused), then outpost's proxy (`netproxy/proxy`) on a store holding the

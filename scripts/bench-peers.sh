@@ -16,7 +16,8 @@
 #   - offline reboot of 30 static pods (BenchmarkPeersReboot): outpost, then
 #     kubelet standalone with the same pods as static manifests, against the
 #     floor, bare runc create + start of the same containers, and the floor
-#     on containerd, a bare client creating and starting them;
+#     on containerd, a bare client creating and starting them; then outpost
+#     with containerd.ociRuntime: crun against bare crun and bare runc;
 #   - nftables at N Services × 5 endpoints: cold sync; add one Service;
 #     change one EndpointSlice; delete one Service (BenchmarkProxyVsKubeProxy:
 #     each run starts kube-proxy, then outpost's Table, on the same objects);
@@ -100,7 +101,7 @@ for r in $(seq 1 "$RUNS"); do
 	echo "bench-peers: run $r of $RUNS"
 	bench BenchmarkPeersPods BENCH_PEER=outpost "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
 	bench BenchmarkPeersPods BENCH_PEER=kubelet "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
-	for peer in runc containerd outpost kubelet; do
+	for peer in runc containerd outpost kubelet crun outpost-crun; do
 		bench BenchmarkPeersReboot BENCH_PEER=$peer
 	done
 	bench BenchmarkProxyVsKubeProxy "OUTPOST_BENCH_PROXY_SIZES=$SIZES"
@@ -116,6 +117,7 @@ versions=$(
 	echo "kubelet $(cat "$TOOLS/bin/.kubelet.version")"
 	echo "containerd $(containerd --version | awk '{print $3}')"
 	echo "runc $(runc --version | awk 'NR == 1 {print $3}')"
+	echo "crun $(crun --version | awk 'NR == 1 {print $3}')"
 	echo "outpost $built"
 	echo "nftables $(nft --version | awk '{print $2}')"
 	echo "kernel $(uname -r)"

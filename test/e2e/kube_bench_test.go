@@ -340,10 +340,29 @@ func startBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 // startAgent starts.
 func newBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 	b.Helper()
-	ctrd := env.StartContainerd(b)
+	return newBenchNodeOn(b, name, api, "")
+}
+
+// newBenchNodeOn is newBenchNode with the pods on the OCI runtime
+// ociRuntime (containerd.ociRuntime; empty is runc), its containerd
+// without the host's cgroup v2 hierarchy where it is hybrid
+// (env.StartContainerdV1Only): crun 1.8 refuses that layout.
+func newBenchNodeOn(b *testing.B, name string, api *env.APIServer, ociRuntime string) *benchNode {
+	b.Helper()
+	dir := b.TempDir()
+	// The agent's runDir is a tmpfs, as /run/outpost is on a board;
+	// mounted before containerd starts, so that a containerd in a mount
+	// namespace of its own has it too (the FIFOs of the containers' output
+	// are there).
+	env.Tmpfs(b, filepath.Join(dir, "run"))
+	var ctrd *env.Containerd
+	if ociRuntime == "" {
+		ctrd = env.StartContainerd(b)
+	} else {
+		ctrd = env.StartContainerdV1Only(b)
+	}
 	ns := fmt.Sprintf("outpost-bench-%d", time.Now().UnixNano()%1e9)
 	ctrd.ImportTestImage(b, ns)
-	dir := b.TempDir()
 	n := &benchNode{name: name, dir: dir, cfg: filepath.Join(dir, "config.yaml"), netns: ns, ctrd: ctrd,
 		podNetns: fmt.Sprintf("ob%d-", time.Now().UnixNano()%1e9)}
 	for _, d := range []string{"manifests", "images"} {
@@ -357,8 +376,6 @@ func newBenchNode(b *testing.B, name string, api *env.APIServer) *benchNode {
 		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
-	// The agent's runDir is a tmpfs, as /run/outpost is on a board.
-	env.Tmpfs(b, n.runDir())
 	kubeconfig := ""
 	if api != nil {
 		kubeconfig = "kubeconfig: " + api.NodeKubeconfig(b, name)
@@ -375,12 +392,13 @@ containerd:
   namespace: %s
   cgroupParent: %s
   shimGroups: %s
+  ociRuntime: %q
 network:
   netnsPrefix: %s
 log:
   level: %s
 `, name, filepath.Join(dir, "state"), filepath.Join(dir, "manifests"), filepath.Join(dir, "images"),
-		filepath.Join(dir, "logs"), n.runDir(), kubeconfig, ctrd.Address, ns, ctrd.CgroupParent, cmp.Or(os.Getenv("BENCH_SHIM_GROUPS"), "4"), n.podNetns, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
+		filepath.Join(dir, "logs"), n.runDir(), kubeconfig, ctrd.Address, ns, ctrd.CgroupParent, cmp.Or(os.Getenv("BENCH_SHIM_GROUPS"), "4"), ociRuntime, n.podNetns, cmp.Or(os.Getenv("BENCH_LOG"), "info"))
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/test/e2e/env"
@@ -55,15 +57,17 @@ func BenchmarkPeersReboot(b *testing.B) {
 	var took, cpu time.Duration
 	switch peer {
 	case "outpost":
-		took, cpu = rebootOutpost(b, started)
+		took, cpu = rebootOutpost(b, started, "")
+	case "outpost-crun":
+		took, cpu = rebootOutpost(b, started, "crun")
 	case "kubelet":
 		took, cpu = rebootKubelet(b, started)
-	case "runc":
-		took, cpu = rebootFloor(b, started)
+	case "runc", "crun":
+		took, cpu = rebootFloor(b, started, peer)
 	case "containerd":
 		took, cpu = rebootContainerd(b, started)
 	default:
-		b.Fatalf("BENCH_PEER=%q: want outpost, kubelet, runc or containerd", peer)
+		b.Fatalf("BENCH_PEER=%q: want outpost, outpost-crun, kubelet, runc, crun or containerd", peer)
 	}
 	b.ReportMetric(float64(took.Milliseconds()), "reboot-ms")
 	b.ReportMetric(float64(cpu.Milliseconds()), "reboot-cpu-ms")
@@ -143,11 +147,16 @@ func clearStarted(b *testing.B, dir string) {
 }
 
 // rebootOutpost runs the 30 pods on an outpost agent with no API server,
-// cuts the power and returns how long the agent, started again, takes to
-// start them.
-func rebootOutpost(b *testing.B, started string) (took, cpu time.Duration) {
+// on the OCI runtime ociRuntime (empty is runc), cuts the power and
+// returns how long the agent, started again, takes to start them.
+func rebootOutpost(b *testing.B, started, ociRuntime string) (took, cpu time.Duration) {
 	b.Helper()
-	n := newBenchNode(b, "bench-reboot", nil)
+	if ociRuntime != "" {
+		if _, err := exec.LookPath(ociRuntime); err != nil {
+			b.Skipf("no %s: %v", ociRuntime, err)
+		}
+	}
+	n := newBenchNodeOn(b, "bench-reboot", nil, ociRuntime)
 	writeRebootPods(b, filepath.Join(n.dir, "manifests"), started)
 	n.startAgent(b)
 	waitStarted(b, started, 2*time.Minute)
@@ -289,15 +298,17 @@ func isFile(path string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// rebootFloor starts the 30 containers with bare runc from bundles
-// made beforehand (after one pass to warm the caches, as the agents'
-// first start warms theirs) and returns the time from the first create
-// to the last container started.
-func rebootFloor(b *testing.B, started string) (took, cpu time.Duration) {
+// rebootFloor starts the 30 containers with the bare OCI runtime name
+// (runc or crun) from bundles made beforehand (after one pass to warm
+// the caches, as the agents' first start warms theirs) and returns the
+// time from the first create to the last container started. crun runs
+// where the host's cgroup v2 hierarchy is out of its sight, as for
+// outpost on crun (v1Spawner).
+func rebootFloor(b *testing.B, started, name string) (took, cpu time.Duration) {
 	b.Helper()
-	runc, err := exec.LookPath("runc")
+	bin, err := exec.LookPath(name)
 	if err != nil {
-		b.Skipf("no runc: %v", err)
+		b.Skipf("no %s: %v", name, err)
 	}
 	dir, err := os.MkdirTemp("", "outpost-floor-")
 	if err != nil {
@@ -313,20 +324,29 @@ func rebootFloor(b *testing.B, started string) (took, cpu time.Duration) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("boot-%02d", i)
 	}
+	var run func(*exec.Cmd) error
 	remove := func() {
 		for _, id := range ids {
-			exec.Command(runc, "--root", root, "delete", "--force", id).Run()
+			run(exec.Command(bin, "--root", root, "delete", "--force", id))
 		}
 	}
 	b.Cleanup(func() { os.RemoveAll(dir) })
 	// runc's state is on a tmpfs, as /run/runc is on a real machine.
 	env.Tmpfs(b, root)
+	run = func(cmd *exec.Cmd) error { return cmd.Run() }
+	if name != "runc" && env.HybridCgroups() {
+		run = newV1Spawner(b).run // after the tmpfs, which its namespace copies
+	}
 	b.Cleanup(func() {
 		remove()
 		env.RemoveCgroups(b, cgroup)
 	})
 
-	spec := floorSpec(b, runc, rootfs, started)
+	spec := floorSpec(b, "runc", rootfs, started)
+	if name != "runc" {
+		// crun 1.8 refuses the spec version of runc's template.
+		spec.Version = "1.0.0"
+	}
 	for i, id := range ids {
 		bundle := filepath.Join(dir, id)
 		if err := os.Mkdir(bundle, 0o755); err != nil {
@@ -360,9 +380,9 @@ func rebootFloor(b *testing.B, started string) (took, cpu time.Duration) {
 					{"--root", root, "--log", logPath, "create", "--bundle", filepath.Join(dir, id), id},
 					{"--root", root, "--log", logPath, "start", id},
 				} {
-					if err := exec.Command(runc, args...).Run(); err != nil {
+					if err := run(exec.Command(bin, args...)); err != nil {
 						out, _ := os.ReadFile(logPath)
-						b.Errorf("runc %s: %v\n%s", strings.Join(args, " "), err, out)
+						b.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 						return
 					}
 				}
@@ -402,4 +422,58 @@ func floorSpec(b *testing.B, runc, rootfs, started string) *specs.Spec {
 	s.Process.Terminal = false
 	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/started", Type: "bind", Source: started, Options: []string{"rbind", "rw"}})
 	return &s
+}
+
+// v1Spawner starts processes from an OS thread of its own whose mount
+// namespace is a slave copy of the host's without /sys/fs/cgroup/unified,
+// as env.StartContainerdV1Only gives containerd: a process forked from
+// that thread is born in that namespace. For crun 1.8, which refuses a
+// hybrid cgroup layout with a controller on v2.
+type v1Spawner struct{ reqs chan spawnReq }
+
+type spawnReq struct {
+	cmd *exec.Cmd
+	err chan error
+}
+
+// newV1Spawner makes the namespace and the thread that serves it until
+// b's cleanup.
+func newV1Spawner(b *testing.B) *v1Spawner {
+	b.Helper()
+	s := &v1Spawner{reqs: make(chan spawnReq)}
+	ready := make(chan error)
+	go func() {
+		// Never unlocked: the thread, in its own namespace, ends with
+		// the goroutine.
+		runtime.LockOSThread()
+		err := unix.Unshare(unix.CLONE_NEWNS)
+		if err == nil {
+			err = unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, "")
+		}
+		if err == nil {
+			err = unix.Unmount("/sys/fs/cgroup/unified", unix.MNT_DETACH)
+		}
+		ready <- err
+		if err != nil {
+			return
+		}
+		for r := range s.reqs {
+			r.err <- r.cmd.Start()
+		}
+	}()
+	if err := <-ready; err != nil {
+		b.Fatalf("mount namespace without cgroup v2: %v", err)
+	}
+	b.Cleanup(func() { close(s.reqs) })
+	return s
+}
+
+// run starts cmd in the namespace and waits for it.
+func (s *v1Spawner) run(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	s.reqs <- spawnReq{cmd, errc}
+	if err := <-errc; err != nil {
+		return err
+	}
+	return cmd.Wait()
 }
