@@ -280,12 +280,19 @@ func TestRunPollsUntilTheDirectoryExists(t *testing.T) {
 		got := f.podImages(t)
 		return len(got) == 0, fmt.Sprintf("pods %v", got)
 	})
-	// Polled again, and watched again once it is back.
+	// Polled again, and watched again once it is back. The timer armed
+	// then need not be the poll's yet (a settle timer of the removal may
+	// still be armed, or fire first), so fake time moves on while any
+	// timer waits, until the poll has found the directory.
 	f.waitWaiters(t, 1, "the poll timer")
 	os.Mkdir(f.dir, 0o755)
 	f.write(t, "db.yaml", pod("db", "busybox:3"))
 	f.clock.Advance(time.Second)
-	waittest.Poll{Timeout: 10 * time.Second, Every: 5 * time.Millisecond}.For(t, "the manifest in the recreated directory recorded", func() (bool, string) {
+	waittest.Poll{Timeout: 10 * time.Second, Every: 5 * time.Millisecond, Between: func() {
+		if f.clock.Waiters() > 0 {
+			f.clock.Advance(time.Second)
+		}
+	}}.For(t, "the manifest in the recreated directory recorded", func() (bool, string) {
 		got := f.podImages(t)
 		return got["db-n1"] == "busybox:3", fmt.Sprintf("pods %v", got)
 	})
