@@ -701,7 +701,8 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	creator := streamCreator(r.poll, r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
-	task, err := c.NewTask(ctx, creator, ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime})
+	taskOpts := ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime}
+	task, err := c.NewTask(ctx, creator, taskOpts)
 	if errdefs.IsAlreadyExists(err) {
 		// An agent killed while containerd created the task can leave
 		// it in containerd's task list with no process behind it:
@@ -711,7 +712,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		if derr := r.deleteTask(ctx, id); derr != nil {
 			err = fmt.Errorf("%w; deleting it: %v", err, derr)
 		} else {
-			task, err = c.NewTask(ctx, creator, ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime})
+			task, err = c.NewTask(ctx, creator, taskOpts)
 		}
 	}
 	unlock()

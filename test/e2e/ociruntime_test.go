@@ -61,13 +61,7 @@ func TestE2ECrun(t *testing.T) {
 	}
 	check("at first")
 
-	n.kill()
-	n.ctrd.PowerCut(t)
-	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
-	n.removePodNetns()
-	run(t, "ip", "netns", "delete", n.netns)
-	run(t, "ip", "netns", "add", n.netns)
-	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
+	n.powerCut(t)
 	n.start()
 	check("after a power cut")
 }

@@ -228,16 +228,7 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 	n.waitPod("sensor-e2e-power", 60*time.Second, "running", running)
 	ip := web.Status.PodIP
 
-	n.kill()
-	n.ctrd.PowerCut(t)
-	// A reboot empties /run, runc's state with it.
-	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
-	// A reboot loses every network namespace and the bridge: the test's
-	// are this node's pods' (and the node's own, made anew below).
-	n.removePodNetns()
-	run(t, "ip", "netns", "delete", n.netns)
-	run(t, "ip", "netns", "add", n.netns)
-	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
+	n.powerCut(t)
 
 	start := time.Now()
 	n.start()
@@ -259,6 +250,22 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 	if err != nil || !strings.Contains(out, "hello from outpost") {
 		t.Fatalf("fetch after power cut: %v: %q", err, out)
 	}
+}
+
+// powerCut kills the agent and cuts the node's power: containerd, its
+// shims and the containers die at once, and what a reboot empties goes.
+func (n *node) powerCut(t *testing.T) {
+	t.Helper()
+	n.kill()
+	n.ctrd.PowerCut(t)
+	// A reboot empties /run, runc's state with it.
+	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
+	// A reboot loses every network namespace and the bridge: the test's
+	// are this node's pods' (and the node's own, made anew below).
+	n.removePodNetns()
+	run(t, "ip", "netns", "delete", n.netns)
+	run(t, "ip", "netns", "add", n.netns)
+	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
 }
 
 // checkShimStart checks that containerd started the node's running tasks
