@@ -376,6 +376,7 @@ func newBenchNodeOn(b *testing.B, name string, api *env.APIServer, ociRuntime st
 		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
+	ctrd.StopFirst(n.kill)
 	kubeconfig := ""
 	if api != nil {
 		kubeconfig = "kubeconfig: " + api.NodeKubeconfig(b, name)

@@ -112,6 +112,7 @@ func newNodeOn(t testing.TB, name string, ctrd *env.Containerd) *node {
 		n.removePodNetns()
 		exec.Command("ip", "netns", "delete", n.netns).Run()
 	})
+	ctrd.StopFirst(n.kill)
 	n.cfg = filepath.Join(dir, "config.yaml")
 	cfg := fmt.Sprintf(`nodeName: %s
 stateDir: %s

@@ -518,6 +518,7 @@ evictionHard: {"memory.available": "1Mi", "nodefs.available": "1%%", "imagefs.av
 		}
 		kn.stop()
 	})
+	kn.ctrd.StopFirst(kn.stop)
 	return kn
 }
 

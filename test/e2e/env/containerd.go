@@ -31,6 +31,24 @@ type Containerd struct {
 	netns             string
 	v1Only            bool
 	proc              *process
+	// first are what StopFirst registered, run before the daemon's
+	// cleanups.
+	first []func()
+}
+
+// StopFirst has stop (an agent's, say) run before this daemon's cleanups
+// remove its containers and stop it, however late it was started again
+// (PowerCutThen, Restart): an agent still running then would see its
+// containers go and start them again while the test ends.
+func (c *Containerd) StopFirst(stop func()) { c.first = append(c.first, stop) }
+
+// stopFirst runs what StopFirst registered, once.
+func (c *Containerd) stopFirst() {
+	first := c.first
+	c.first = nil
+	for _, stop := range first {
+		stop()
+	}
 }
 
 // CRIOptions turn on containerd's CRI plugin, for kubelet, in a
@@ -145,6 +163,7 @@ state = %q
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		c.stopFirst()
 		killByCmdline(c.Address) // shims name the daemon's socket
 		killCgroup(c.CgroupParent)
 		if err := unmountUnder(dir); err != nil {
@@ -162,6 +181,7 @@ state = %q
 	client := c.start(t)
 	// Registered after start, so it runs before the daemon is stopped.
 	t.Cleanup(func() {
+		c.stopFirst()
 		if c.proc.exited() {
 			return
 		}
@@ -187,6 +207,7 @@ func (c *Containerd) start(t testing.TB) *containerd.Client {
 		args = append([]string{"nsenter", "--net=" + c.netns}, args...)
 	}
 	p := start(t, c.dir, "containerd", args...)
+	t.Cleanup(c.stopFirst) // before the daemon's process is killed
 	c.proc = p
 	var client *containerd.Client
 	waitReady(t, p, 30*time.Second, func() error {
@@ -232,6 +253,7 @@ func (c *Containerd) PowerCutThen(t testing.TB, reboot func()) {
 	}
 	cl := c.start(t)
 	t.Cleanup(func() {
+		c.stopFirst()
 		defer cl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
