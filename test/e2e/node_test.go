@@ -87,20 +87,30 @@ type node struct {
 	done        chan struct{}
 }
 
+// e2eOCIRuntime is the OCI runtime newNode's agents run their pods on
+// (containerd.ociRuntime): OUTPOST_E2E_OCI_RUNTIME, as crun, runs the
+// tests that make their nodes with newNode on it; empty is runc.
+var e2eOCIRuntime = os.Getenv("OUTPOST_E2E_OCI_RUNTIME")
+
 func newNode(t testing.TB, name string) *node {
 	t.Helper()
 	env.RequireRoot(t)
-	return newNodeOn(t, name, env.StartContainerd(t))
+	if e2eOCIRuntime != "" {
+		return newNodeOn(t, name, env.StartContainerdV1Only(t), e2eOCIRuntime)
+	}
+	return newNodeOn(t, name, env.StartContainerd(t), "")
 }
 
-// newNodeOn is newNode on the containerd ctrd.
-func newNodeOn(t testing.TB, name string, ctrd *env.Containerd) *node {
+// newNodeOn is newNode on the containerd ctrd, its pods on the OCI
+// runtime ociRuntime ("" is runc; another needs a containerd of
+// StartContainerdV1Only on a hybrid host).
+func newNodeOn(t testing.TB, name string, ctrd *env.Containerd, ociRuntime string) *node {
 	t.Helper()
 	// A namespace of its own: runc keeps state under /run/containerd/runc/<namespace>,
 	// shared by every containerd on the machine.
 	ns := fmt.Sprintf("outpost-e2e-%d", time.Now().UnixNano()%1e9)
 	ctrd.ImportTestImage(t, ns)
-	dir := t.TempDir()
+	dir := ctrd.TempDir(t)
 	id := time.Now().UnixNano() % 1e9
 	n := &node{t: t, name: name, dir: dir, manifests: filepath.Join(dir, "manifests"), ctrd: ctrd, ns: ns,
 		netns: fmt.Sprintf("outpost-e2e-%d", id), netnsPrefix: fmt.Sprintf("op%d-", id)}
@@ -124,11 +134,12 @@ containerd:
   address: %s
   namespace: %s
   cgroupParent: %s
+  ociRuntime: %q
 network:
   netnsPrefix: %s
 log:
   level: debug
-`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns, ctrd.CgroupParent, n.netnsPrefix)
+`, name, filepath.Join(dir, "state"), n.manifests, filepath.Join(dir, "images"), filepath.Join(dir, "logs"), filepath.Join(dir, "run"), ctrd.Address, ns, ctrd.CgroupParent, ociRuntime, n.netnsPrefix)
 	if err := os.WriteFile(n.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sys/unix"
 )
 
 // Containerd is a private containerd daemon.
@@ -34,6 +35,30 @@ type Containerd struct {
 	// first are what StopFirst registered, run before the daemon's
 	// cleanups.
 	first []func()
+	// shared is where TempDir makes directories when the daemon runs in
+	// a mount namespace of its own: a shared mount it receives mounts
+	// from; "" when it runs in the test's.
+	shared string
+}
+
+// TempDir returns a new directory for a test's files, removed in t's
+// cleanup, which this daemon, its shims and its OCI runtime see as the
+// test does, mounts made in it later (a pod's tmpfs volumes) included.
+// The daemon of StartContainerdV1Only on a hybrid host runs in a mount
+// namespace of its own, a slave of the host's, which would receive no
+// mount made under a test's own temp dir: the host's root is a private
+// mount here. Its directories are under a shared mount of its own.
+func (c *Containerd) TempDir(t testing.TB) string {
+	t.Helper()
+	if c.shared == "" {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp(c.shared, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // StopFirst has stop (an agent's, say) run before this daemon's cleanups
@@ -80,7 +105,8 @@ func StartContainerd(t testing.TB) *Containerd {
 // this machine's hugetlb is, and changing which hierarchy a controller
 // is on would change the host's. The namespace is a slave of the host's:
 // mounts made later under a shared mount (the pods' netns pins under
-// /run/netns) reach it, mounts under a private one do not.
+// /run/netns, the daemon's TempDir) reach it, mounts under a private one
+// do not.
 func StartContainerdV1Only(t testing.TB) *Containerd {
 	t.Helper()
 	c := &Containerd{v1Only: true}
@@ -90,9 +116,23 @@ func StartContainerdV1Only(t testing.TB) *Containerd {
 // HybridCgroups reports whether the host mounts a cgroup v2 hierarchy at
 // /sys/fs/cgroup/unified beside v1 hierarchies.
 func HybridCgroups() bool {
-	var st syscall.Statfs_t
-	const cgroup2Magic = 0x63677270
-	return syscall.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == cgroup2Magic
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// mountShared makes dir a shared mount of itself: mounts made under it
+// reach the mount namespaces made after as slaves of the test's.
+func mountShared(dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
 }
 
 // StartContainerdCRI starts a containerd as StartContainerd does, with its
@@ -177,6 +217,13 @@ state = %q
 	// one from a disk (cleaned up with dir, above).
 	if err := mountTmpfs(c.State); err != nil {
 		t.Fatal(err)
+	}
+	if c.v1Only && HybridCgroups() {
+		// Before the daemon's namespace is made, which copies it.
+		c.shared = filepath.Join(dir, "shared")
+		if err := mountShared(c.shared); err != nil {
+			t.Fatal(err)
+		}
 	}
 	client := c.start(t)
 	// Registered after start, so it runs before the daemon is stopped.
