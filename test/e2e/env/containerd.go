@@ -120,6 +120,12 @@ func HybridCgroups() bool {
 	return unix.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
+// WithoutUnified reports whether the daemon, its shims and their OCI
+// runtime run without the host's cgroup v2 hierarchy of a hybrid layout
+// (StartContainerdV1Only on a hybrid host): the containers get no cgroup
+// in /sys/fs/cgroup/unified.
+func (c *Containerd) WithoutUnified() bool { return c.shared != "" }
+
 // mountShared makes dir a shared mount of itself: mounts made under it
 // reach the mount namespaces made after as slaves of the test's.
 func mountShared(dir string) error {
