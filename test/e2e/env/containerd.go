@@ -124,7 +124,7 @@ func HybridCgroups() bool {
 // runtime run without the host's cgroup v2 hierarchy of a hybrid layout
 // (StartContainerdV1Only on a hybrid host): the containers get no cgroup
 // in /sys/fs/cgroup/unified.
-func (c *Containerd) WithoutUnified() bool { return c.shared != "" }
+func (c *Containerd) WithoutUnified() bool { return c.v1Only && HybridCgroups() }
 
 // mountShared makes dir a shared mount of itself: mounts made under it
 // reach the mount namespaces made after as slaves of the test's.
