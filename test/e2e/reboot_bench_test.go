@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -45,7 +47,9 @@ import (
 // floor: the same 30 containers from bundles made beforehand, run with
 // bare `runc create` and `runc start`, all at once, timed from the first
 // create; or containerd, the floor of a node agent on containerd (see
-// rebootContainerd). One iteration is the whole run: -benchtime 1x.
+// rebootContainerd). outpost-crun, crun and containerd-crun are outpost,
+// the bare floor and the floor on containerd with crun as the OCI
+// runtime. One iteration is the whole run: -benchtime 1x.
 func BenchmarkPeersReboot(b *testing.B) {
 	env.RequireRoot(b)
 	peer := cmp.Or(os.Getenv("BENCH_PEER"), "outpost")
@@ -65,9 +69,11 @@ func BenchmarkPeersReboot(b *testing.B) {
 	case "runc", "crun":
 		took, cpu = rebootFloor(b, started, peer)
 	case "containerd":
-		took, cpu = rebootContainerd(b, started)
+		took, cpu = rebootContainerd(b, started, "")
+	case "containerd-crun":
+		took, cpu = rebootContainerd(b, started, "crun")
 	default:
-		b.Fatalf("BENCH_PEER=%q: want outpost, outpost-crun, kubelet, runc, crun or containerd", peer)
+		b.Fatalf("BENCH_PEER=%q: want outpost, outpost-crun, kubelet, runc, crun, containerd or containerd-crun", peer)
 	}
 	b.ReportMetric(float64(took.Milliseconds()), "reboot-ms")
 	b.ReportMetric(float64(cpu.Milliseconds()), "reboot-cpu-ms")
@@ -223,13 +229,33 @@ func rebootKubelet(b *testing.B, started string) (took, cpu time.Duration) {
 // and starts their tasks, all at once, one task create at a time in a
 // group as outpost's runtime does; no agent, no pod network, no logs
 // (the containers' output goes nowhere). Timed from the first create,
-// after one pass to warm the caches.
-func rebootContainerd(b *testing.B, started string) (took, cpu time.Duration) {
+// after one pass to warm the caches. A non-empty ociRuntime (crun) is
+// the OCI runtime the runc shim runs, as outpost's containerd.ociRuntime
+// has it: the specs declare runtime-spec 1.0.0, as the bare crun floor's.
+func rebootContainerd(b *testing.B, started, ociRuntime string) (took, cpu time.Duration) {
 	b.Helper()
-	ctrd := env.StartContainerd(b)
+	var taskOpts []client.NewTaskOpts
+	var specOpts []oci.SpecOpts
+	var ctrd *env.Containerd
+	if ociRuntime == "" {
+		ctrd = env.StartContainerd(b)
+	} else {
+		bin, err := exec.LookPath(ociRuntime)
+		if err != nil {
+			b.Skipf("no %s: %v", ociRuntime, err)
+		}
+		ctrd = env.StartContainerdV1Only(b)
+		taskOpts = append(taskOpts, func(_ context.Context, _ *client.Client, ti *client.TaskInfo) error {
+			ti.Options = &options.Options{BinaryName: bin}
+			return nil
+		})
+		specOpts = append(specOpts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			s.Version = "1.0.0"
+			return nil
+		})
+	}
 	ns := fmt.Sprintf("outpost-bench-%d", time.Now().UnixNano()%1e9)
 	ctrd.ImportTestImage(b, ns)
-	var taskOpts []client.NewTaskOpts
 	if shim := filepath.Join(filepath.Dir(benchBin()), "containerd-shim-outpost-v2"); isFile(shim) {
 		taskOpts = append(taskOpts, client.WithRuntimePath(shim))
 	}
@@ -262,6 +288,7 @@ func rebootContainerd(b *testing.B, started string) (took, cpu time.Duration) {
 						oci.WithMounts([]specs.Mount{{Destination: "/started", Type: "bind", Source: started, Options: []string{"rbind", "rw"}}}),
 						oci.WithCgroup(ctrd.CgroupParent+"/"+id),
 						oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": group}),
+						oci.Compose(specOpts...),
 					))
 				if err != nil {
 					b.Errorf("container %s: %v", id, err)
@@ -284,7 +311,16 @@ func rebootContainerd(b *testing.B, started string) (took, cpu time.Duration) {
 			b.FailNow()
 		}
 		waitStarted(b, started, time.Minute)
-		return time.Since(start), machineCPU(b) - cpu
+		took, cpu := time.Since(start), machineCPU(b)-cpu
+		if ociRuntime == "crun" {
+			// The shim keeps its runtime's state under its root: crun's
+			// is a status file, runc's a state.json.
+			id := fmt.Sprintf("boot-00-%d", round)
+			if _, err := os.Stat(filepath.Join("/run/containerd/runc", ns, id, "status")); err != nil {
+				b.Fatalf("task %s not on crun: %v", id, err)
+			}
+		}
+		return took, cpu
 	}
 	runAll(0)
 	clearStarted(b, started)
