@@ -94,7 +94,7 @@ def rows_from(runs):
     if op or kl:
         for metric, what, unit, peer in PODS:
             rows.append(Row(what, unit, op.get(metric, []), kl.get(metric, []), peer))
-    peers = ("outpost", "kubelet", "runc", "containerd", "crun", "outpost-crun")
+    peers = ("outpost", "kubelet", "runc", "containerd", "crun", "outpost-crun", "containerd-crun")
     for metric, what in (("reboot-ms", "back"), ("reboot-cpu-ms", "machine CPU")):
         r = {peer: runs.get((f"BenchmarkPeersReboot:{peer}", 0), {}).get(metric, []) for peer in peers}
         if not any(r.values()):
@@ -108,6 +108,8 @@ def rows_from(runs):
             row = f"offline reboot on crun, 30 static pods: {what}"
             rows.append(Row(row, "ms", r["outpost-crun"], r["crun"], "bare crun (floor)"))
             rows.append(Row(row, "ms", r["outpost-crun"], r["runc"], "bare runc"))
+            if r["containerd-crun"]:
+                rows.append(Row(row, "ms", r["outpost-crun"], r["containerd-crun"], "bare containerd client on crun"))
     sizes = sorted(n for (b, n) in runs if b == "BenchmarkProxyVsKubeProxy")
     for n in sizes:
         m = runs[("BenchmarkProxyVsKubeProxy", n)]
@@ -229,7 +231,8 @@ How each row is measured:
   from the image and starts their tasks, all at once, in 4 shim groups as outpost's (spread evenly), with no pod network and no logs.
   The crun rows are the same with `containerd.ociRuntime: crun` against bare `crun create` + `crun start` (Debian's
   crun 1.8, which refuses a hybrid cgroup layout with a controller on v2: where the host has one, containerd and the
-  bare crun run in a mount namespace without `/sys/fs/cgroup/unified`).
+  bare crun run in a mount namespace without `/sys/fs/cgroup/unified`), and against the floor on containerd with
+  crun as its shims' OCI runtime.
 - **nftables**: `BenchmarkProxyVsKubeProxy` (test/e2e) creates the Services and EndpointSlices in a real API server,
   runs kube-proxy in nftables mode in a fresh network namespace (its time is its sync histogram: the first full
   sync, then the partial syncs each change caused), then outpost's proxy (`netproxy/proxy`) on a store holding the

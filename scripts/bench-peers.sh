@@ -17,7 +17,8 @@
 #     kubelet standalone with the same pods as static manifests, against the
 #     floor, bare runc create + start of the same containers, and the floor
 #     on containerd, a bare client creating and starting them; then outpost
-#     with containerd.ociRuntime: crun against bare crun and bare runc;
+#     with containerd.ociRuntime: crun against bare crun, bare runc and
+#     the floor on containerd with crun;
 #   - nftables at N Services × 5 endpoints: cold sync; add one Service;
 #     change one EndpointSlice; delete one Service (BenchmarkProxyVsKubeProxy:
 #     each run starts kube-proxy, then outpost's Table, on the same objects);
@@ -101,7 +102,7 @@ for r in $(seq 1 "$RUNS"); do
 	echo "bench-peers: run $r of $RUNS"
 	bench BenchmarkPeersPods BENCH_PEER=outpost "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
 	bench BenchmarkPeersPods BENCH_PEER=kubelet "BENCH_PEERS_IDLE=${BENCH_PEERS_IDLE:-5m}"
-	for peer in runc containerd outpost kubelet crun outpost-crun; do
+	for peer in runc containerd outpost kubelet crun outpost-crun containerd-crun; do
 		bench BenchmarkPeersReboot BENCH_PEER=$peer
 	done
 	bench BenchmarkProxyVsKubeProxy "OUTPOST_BENCH_PROXY_SIZES=$SIZES"
