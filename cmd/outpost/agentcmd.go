@@ -159,6 +159,9 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		// The pods' workers all list their containers as they start:
+		// one listing, taken now, serves each one's first.
+		rt.Prime(ctx)
 		ps.onStop(func() { rt.Close() })
 		// Pods start with no registry in reach: their images are
 		// imported before the first pod runs, and later ones as they come.
