@@ -257,15 +257,15 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 func (n *node) powerCut(t *testing.T) {
 	t.Helper()
 	n.kill()
-	n.ctrd.PowerCut(t)
-	// A reboot empties /run, runc's state with it.
-	os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
-	// A reboot loses every network namespace and the bridge: the test's
-	// are this node's pods' (and the node's own, made anew below).
-	n.removePodNetns()
-	run(t, "ip", "netns", "delete", n.netns)
-	run(t, "ip", "netns", "add", n.netns)
-	run(t, "ip", "netns", "exec", n.netns, "ip", "link", "set", "lo", "up")
+	n.ctrd.PowerCutThen(t, func() {
+		// A reboot empties /run, runc's state with it.
+		os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
+		// A reboot loses every network namespace and the bridge: the
+		// test's are this node's pods' (and the node's own, made anew).
+		n.removePodNetns()
+		run(t, "ip", "netns", "delete", n.netns)
+		addNetns(t, n.netns)
+	})
 }
 
 // checkShimStart checks that containerd started the node's running tasks

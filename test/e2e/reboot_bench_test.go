@@ -231,7 +231,7 @@ func rebootKubelet(b *testing.B, started string) (took, cpu time.Duration) {
 // (the containers' output goes nowhere). Timed from the first create,
 // after one pass to warm the caches. A non-empty ociRuntime (crun) is
 // the OCI runtime the runc shim runs, as outpost's containerd.ociRuntime
-// has it: the specs declare runtime-spec 1.0.0, as the bare crun floor's.
+// has it: the specs declare crunSpecVersion, as the bare crun floor's.
 func rebootContainerd(b *testing.B, started, ociRuntime string) (took, cpu time.Duration) {
 	b.Helper()
 	var taskOpts []client.NewTaskOpts
@@ -250,7 +250,7 @@ func rebootContainerd(b *testing.B, started, ociRuntime string) (took, cpu time.
 			return nil
 		})
 		specOpts = append(specOpts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
-			s.Version = "1.0.0"
+			s.Version = crunSpecVersion
 			return nil
 		})
 	}
@@ -334,6 +334,11 @@ func isFile(path string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
+// crunSpecVersion is the runtime-spec version the specs on crun declare:
+// crun 1.8 refuses the 1.2 of runc's template and of containerd's client
+// (outpost asks the runtime, lookOCIRuntime).
+const crunSpecVersion = "1.0.0"
+
 // rebootFloor starts the 30 containers with the bare OCI runtime name
 // (runc or crun) from bundles made beforehand (after one pass to warm
 // the caches, as the agents' first start warms theirs) and returns the
@@ -381,7 +386,7 @@ func rebootFloor(b *testing.B, started, name string) (took, cpu time.Duration) {
 	spec := floorSpec(b, "runc", rootfs, started)
 	if name != "runc" {
 		// crun 1.8 refuses the spec version of runc's template.
-		spec.Version = "1.0.0"
+		spec.Version = crunSpecVersion
 	}
 	for i, id := range ids {
 		bundle := filepath.Join(dir, id)

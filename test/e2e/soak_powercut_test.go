@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -44,13 +42,7 @@ func soakPowerCut(t *testing.T, sc soakScale, r *soakResult) {
 	r.set("0 of %d cuts; 30 pods running and ready", cuts)
 	var took []time.Duration
 	for cut := 1; cut <= cuts; cut++ {
-		n.kill()
-		n.ctrd.PowerCutThen(t, func() {
-			os.RemoveAll(filepath.Join("/run/containerd/runc", n.ns))
-			n.removePodNetns()
-			run(t, "ip", "netns", "delete", n.netns)
-			addNetns(t, n.netns)
-		})
+		n.powerCut(t)
 		start := time.Now()
 		n.start()
 		within(120*time.Second).For(t, fmt.Sprintf("30 pods back after power cut %d", cut), func() (bool, string) {
