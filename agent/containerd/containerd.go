@@ -421,6 +421,9 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		labels[labelStopSignal] = s.Image.StopSignal
 	}
 	opts := []oci.SpecOpts{
+		// As CRI: no tmpfs on /run, which would hide the image's own
+		// /run; before the mounts, which may put a volume there.
+		oci.WithoutRunMount,
 		config,
 		oci.WithProcessArgs(s.Args...),
 	}

@@ -158,6 +158,40 @@ func TestE2EImageGroupsInEveryContainer(t *testing.T) {
 	}
 }
 
+// TestE2ENoTmpfsOnRun: as under CRI, a container's /run is the image's,
+// not the tmpfs of containerd's default spec, which would hide what the
+// image has there; a volume mounted on /run is still mounted.
+func TestE2ENoTmpfsOnRun(t *testing.T) {
+	n := newNode(t, "e2e-run")
+	const check = `if grep " /run " /proc/mounts; then :; else echo "no mount on /run"; fi`
+	n.write("plain.yaml", podManifest("plain", "Never", check))
+	n.write("vol.yaml", fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: vol}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: %s
+    command: [sh, -c, %q]
+    volumeMounts: [{name: run, mountPath: /run}]
+  volumes:
+  - name: run
+    emptyDir: {medium: Memory}
+`, env.TestImage, check))
+	n.start()
+	for name, want := range map[string]string{"plain-e2e-run": "no mount on /run", "vol-e2e-run": " /run tmpfs "} {
+		n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
+		logs, err := n.outpost("logs", name)
+		if err != nil {
+			t.Fatalf("logs of %s: %v", name, err)
+		}
+		if !strings.Contains(logs, want) {
+			t.Errorf("pod %s: /run mounts %q, want %q", name, logs, want)
+		}
+	}
+}
+
 // groupsLine returns the groups of a /proc/PID/status Groups line in out.
 func groupsLine(out string) []string {
 	for line := range strings.Lines(out) {
