@@ -93,6 +93,10 @@ type ContainerSpec struct {
 	Mounts     []specs.Mount
 	// NetNSPath is the pod's network namespace; "" joins the host's.
 	NetNSPath string
+	// HostPID and HostIPC put the process in the host's PID and IPC
+	// namespaces (the pod's hostPID and hostIPC); with HostIPC its
+	// /dev/shm is the host's, as under CRI.
+	HostPID, HostIPC bool
 	// LogPath is the CRI-format log file for this attempt.
 	LogPath string
 	// CgroupParent is the pod's cgroup; "" lets the runtime choose.

@@ -865,7 +865,7 @@ func (w *worker) containerSpec(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			LabelGracePeriod: strconv.FormatInt(gracePeriod(pod), 10),
 		},
 		Image: img, Args: args, Env: env, WorkingDir: c.WorkingDir, Hostname: hostname,
-		Mounts: mounts, NetNSPath: w.netns,
+		Mounts: mounts, NetNSPath: w.netns, HostPID: pod.Spec.HostPID, HostIPC: pod.Spec.HostIPC,
 		LogPath:      filepath.Join(w.m.logDir(pod), c.Name, strconv.Itoa(attempt)+".log"),
 		CgroupParent: path.Join(w.m.cfg.CgroupParent, "pod"+w.uid),
 		Resources:    resources(pod, c, QoSClass(pod), w.m.cfg.MemoryCapacity),

@@ -452,6 +452,12 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	} else {
 		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNSPath}))
 	}
+	if s.HostPID {
+		opts = append(opts, oci.WithHostNamespace(specs.PIDNamespace))
+	}
+	if s.HostIPC {
+		opts = append(opts, oci.WithHostNamespace(specs.IPCNamespace), withHostDevShm)
+	}
 	res := s.Resources
 	if res.CPUShares > 0 {
 		opts = append(opts, oci.WithCPUShares(res.CPUShares))
@@ -598,6 +604,19 @@ func withNoNewPrivileges(on bool) oci.SpecOpts {
 		}
 		return nil
 	}
+}
+
+// withHostDevShm makes the default /dev/shm tmpfs a bind mount of the
+// host's, for a container in the host's IPC namespace (hostIPC), as CRI
+// does; a volume the pod mounts on /dev/shm still goes over it.
+func withHostDevShm(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	for i, m := range s.Mounts {
+		if m.Destination == "/dev/shm" && m.Type == "tmpfs" {
+			s.Mounts[i] = specs.Mount{Destination: "/dev/shm", Type: "bind", Source: "/dev/shm", Options: []string{"rbind", "rprivate", "rw"}}
+			return nil
+		}
+	}
+	return nil
 }
 
 func withGID(gid uint32) oci.SpecOpts {

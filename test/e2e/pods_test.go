@@ -192,6 +192,44 @@ spec:
 	}
 }
 
+// TestE2EHostPIDAndIPC: a pod with hostPID and hostIPC runs in the
+// host's PID and IPC namespaces, with the host's /dev/shm; a pod without
+// them has namespaces of its own.
+func TestE2EHostPIDAndIPC(t *testing.T) {
+	n := newNode(t, "e2e-hostns")
+	shm, err := os.CreateTemp("/dev/shm", "outpost-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shm.Close()
+	t.Cleanup(func() { os.Remove(shm.Name()) })
+	script := fmt.Sprintf(`echo "pid $(readlink /proc/self/ns/pid) ipc $(readlink /proc/self/ns/ipc)"; test -e %s && echo "host shm"; :`, shm.Name())
+	n.write("own.yaml", podManifest("own", "Never", script))
+	n.write("host.yaml", strings.Replace(podManifest("host", "Never", script), "spec:\n", "spec:\n  hostPID: true\n  hostIPC: true\n", 1))
+	n.start()
+	var hostNS []string
+	for _, ns := range []string{"pid", "ipc"} {
+		l, err := os.Readlink("/proc/self/ns/" + ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hostNS = append(hostNS, ns+" "+l)
+	}
+	hostNS = append(hostNS, "host shm")
+	for name, host := range map[string]bool{"own-e2e-hostns": false, "host-e2e-hostns": true} {
+		n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
+		logs, err := n.outpost("logs", name)
+		if err != nil {
+			t.Fatalf("logs of %s: %v", name, err)
+		}
+		for _, want := range hostNS {
+			if strings.Contains(logs, want) != host {
+				t.Errorf("pod %s: %q, the host's %q: in it %v, want %v", name, logs, want, !host, host)
+			}
+		}
+	}
+}
+
 // groupsLine returns the groups of a /proc/PID/status Groups line in out.
 func groupsLine(out string) []string {
 	for line := range strings.Lines(out) {
