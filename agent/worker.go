@@ -1154,7 +1154,7 @@ func (w *worker) ensureProbes(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 		},
 	}
 	start := func(kind prober.Kind, p *corev1.Probe, on func(prober.Result, string)) {
-		pw, err := prober.NewWorker(prober.WorkerConfig{Kind: kind, Probe: p, Target: target, Started: running.StartedAt, Jitter: w.m.restarted(running)},
+		pw, err := prober.NewWorker(prober.WorkerConfig{Kind: kind, Probe: p, Target: target, Started: running.StartedAt, Jitter: w.m.restarted(running), AgentStarted: w.m.started},
 			prober.Deps{Clock: w.m.clock, Rand: w.m.rand, OnChange: on, OnAttempt: func(r prober.Result) { w.m.metrics.probe(kind, r) },
 				OnWarning: func(msg string) {
 					w.m.events.record(pod, "Warning", "ProbeWarning", fmt.Sprintf("%s probe warning: %s", probeName(kind), msg))

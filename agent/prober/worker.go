@@ -23,6 +23,12 @@ type WorkerConfig struct {
 	// for workers the agent starts when it (re)starts, so the probes of
 	// containers that were already running do not all fire at once.
 	Jitter bool
+	// AgentStarted is when the probing agent started. A worker that runs
+	// within one period of it jitters too, as kubelet's probe workers do
+	// within one period of kubelet's start: after a reboot the first
+	// probes of all the node's pods do not come at once, while their
+	// containers are still starting.
+	AgentStarted time.Time
 }
 
 // Deps are a worker's collaborators.
@@ -63,6 +69,7 @@ type Worker struct {
 	target    Target
 	started   time.Time
 	jitter    bool
+	agentUp   time.Time
 	clock     clock.Clock
 	rand      func(n int64) int64
 	onChange  func(Result, string)
@@ -104,6 +111,7 @@ func NewWorker(cfg WorkerConfig, deps Deps) (*Worker, error) {
 		target:           cfg.Target,
 		started:          cfg.Started,
 		jitter:           cfg.Jitter,
+		agentUp:          cfg.AgentStarted,
 		clock:            deps.Clock,
 		rand:             deps.Rand,
 		onChange:         deps.OnChange,
@@ -196,7 +204,7 @@ func (w *Worker) Run(ctx context.Context) {
 	if next.Before(now) {
 		next = now
 	}
-	if w.jitter {
+	if w.jitter || (!w.agentUp.IsZero() && now.Sub(w.agentUp) < w.period) {
 		next = next.Add(w.jitterDelay())
 	}
 	var timer clock.Timer

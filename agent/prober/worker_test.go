@@ -218,10 +218,17 @@ func TestWorkerJitter(t *testing.T) {
 	tests := []struct {
 		name    string
 		started time.Duration
-		first   time.Duration
+		// agentUp is when the agent started, from the worker's start
+		// (none: zero); jitter is Jitter; jittered, whether the first
+		// probe waits a random part of a period.
+		agentUp          time.Duration
+		jitter, jittered bool
+		first            time.Duration
 	}{
-		{"after initialDelaySeconds, never before", 0, 5*time.Second + 4*time.Second},
-		{"running container found at agent restart", -time.Hour, 4 * time.Second},
+		{"after initialDelaySeconds, never before", 0, 0, true, true, 5*time.Second + 4*time.Second},
+		{"running container found at agent restart", -time.Hour, 0, true, true, 4 * time.Second},
+		{"agent started less than a period ago", 0, -6 * time.Second, false, true, 5*time.Second + 4*time.Second},
+		{"agent started a period ago or more: none", 0, -7 * time.Second, false, false, 5 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -233,10 +240,13 @@ func TestWorkerJitter(t *testing.T) {
 			cfg := WorkerConfig{
 				Kind:   Liveness,
 				Probe:  execWorkerProbe(func(p *corev1.Probe) { p.InitialDelaySeconds = 5; p.PeriodSeconds = 7 }),
-				Jitter: true,
+				Jitter: tt.jitter,
 			}
 			if tt.started != 0 {
 				cfg.Started = t0.Add(tt.started)
+			}
+			if tt.agentUp != 0 {
+				cfg.AgentStarted = t0.Add(tt.agentUp)
 			}
 			h := newHarness(t, cfg, rnd)
 			h.settle()
@@ -246,6 +256,12 @@ func TestWorkerJitter(t *testing.T) {
 			h.attempt(tt.first, ok)
 			h.clk.Advance(7 * time.Second)
 			h.attempt(tt.first+7*time.Second, ok)
+			if !tt.jittered {
+				if len(asked) != 0 {
+					t.Fatalf("Rand called with %v; want no jitter", asked)
+				}
+				return
+			}
 			if len(asked) != 1 || asked[0] != int64(7*time.Second) {
 				t.Fatalf("Rand called with %v; want once with one period (%d)", asked, int64(7*time.Second))
 			}
