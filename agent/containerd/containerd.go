@@ -29,6 +29,7 @@ import (
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -121,6 +122,9 @@ type Runtime struct {
 	// for an attach to join; done is closed when the task's IO ends.
 	outputs map[string]*output
 	oom     map[string]bool // containers the kernel OOM-killed
+	// created holds each container this runtime created and has not
+	// started yet, as the create left it, for its Start (see fresh).
+	created map[string]fresh
 	// images caches resolved, unpacked images by normalized reference, so
 	// starting many containers of one image (a reboot) reads its config
 	// from the content store once.
@@ -149,6 +153,26 @@ type Runtime struct {
 	bootOnce sync.Once
 	boot     time.Time
 	bootOK   bool
+}
+
+// fresh is a container as Create recorded it: the record containerd
+// returned and the mounts of its snapshot. Its Start needs nothing else,
+// where a container of an earlier agent is read from containerd again
+// (its record, its snapshot's mounts, and a task it may have left):
+// after a power cut that is four calls fewer for each of 30 containers,
+// while containerd is busiest.
+type fresh struct {
+	c      *ctrd.Container
+	rootfs []mount.Mount
+}
+
+// takeCreated returns and forgets what Create left of container id.
+func (r *Runtime) takeCreated(id string) (fresh, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.created[id]
+	delete(r.created, id)
+	return f, ok
 }
 
 type cachedImage struct {
@@ -207,7 +231,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Runtime, error) {
 	}
 	r := &Runtime{
 		cfg: cfg, deps: deps, client: cl, poll: poll, attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
-		oom: map[string]bool{}, images: map[string]cachedImage{},
+		oom: map[string]bool{}, images: map[string]cachedImage{}, created: map[string]fresh{},
 		unwritten: map[string]map[string]string{}, toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
 	}
 	wctx, stop := context.WithCancel(context.Background())
@@ -380,7 +404,7 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 	// The image as EnsureImage left it, or as containerd has it.
 	var (
 		img      images.Image
-		snapshot func(context.Context, *containers.Container) error
+		snapshot func(context.Context, *containers.Container) ([]mount.Mount, error)
 		config   oci.SpecOpts
 	)
 	if c, ok := r.cached(s.Image.Ref); ok {
@@ -502,15 +526,22 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 			ID: s.ID, Labels: labels, Snapshotter: r.cfg.Snapshotter,
 			Runtime: containers.RuntimeInfo{Name: defaults.DefaultRuntime},
 		}
-		if err := snapshot(ctx, &c); err != nil {
+		rootfs, err := snapshot(ctx, &c)
+		if err != nil {
 			return err
 		}
 		spec, err := oci.GenerateSpec(ctx, r.client, &c, opts...)
 		if err != nil {
 			return err
 		}
-		_, err = r.client.CreateContainer(ctx, c, spec)
-		return err
+		created, err := r.client.CreateContainer(ctx, c, spec)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.created[s.ID] = fresh{c: created.WithoutSpec(), rootfs: rootfs}
+		r.mu.Unlock()
+		return nil
 	}
 	t0 := r.deps.Clock.Now()
 	err = newContainer()
@@ -704,20 +735,24 @@ func hasSysResource() bool {
 // Start starts the container's task with its output going to its log.
 func (r *Runtime) Start(ctx context.Context, id string) error {
 	ctx = r.ctx(ctx)
-	c, err := r.client.LoadContainer(ctx, id)
-	if err != nil {
-		return fmt.Errorf("start %s: %w", id, notFound(err))
+	f, isFresh := r.takeCreated(id)
+	c := f.c
+	if !isFresh {
+		var err error
+		if c, err = r.client.LoadContainer(ctx, id); err != nil {
+			return fmt.Errorf("start %s: %w", id, notFound(err))
+		}
 	}
-	labels, err := c.Labels(ctx)
-	if err != nil {
-		return fmt.Errorf("start %s: %w", id, err)
-	}
+	labels := c.Info().Labels
 	t0 := r.deps.Clock.Now()
 	unlock := r.lockGroup(labels)
 	t1 := r.deps.Clock.Now()
-	// A task left from an earlier, failed start is replaced.
-	if old, err := c.Task(ctx, nil); err == nil {
-		old.Delete(ctx, true)
+	// A task left from an earlier, failed start is replaced. A container
+	// this runtime created has had none.
+	if !isFresh {
+		if old, err := c.Task(ctx, nil); err == nil {
+			old.Delete(ctx, true)
+		}
 	}
 	out, errOut, closeLog, err := r.logStreams(labels[agent.LabelLogPath])
 	if err != nil {
@@ -725,7 +760,7 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	creator := streamCreator(r.poll, r.cfg.FIFODir, labels[labelTTY] == "true", labels[labelStdin] == "true", out, errOut)
-	taskOpts := ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime}
+	taskOpts := ctrd.TaskOpts{RuntimePath: r.cfg.ShimStart, OCIRuntime: r.cfg.OCIRuntime, Rootfs: f.rootfs}
 	task, err := c.NewTask(ctx, creator, taskOpts)
 	if errdefs.IsAlreadyExists(err) {
 		// An agent killed while containerd created the task can leave
@@ -955,6 +990,7 @@ func (r *Runtime) reap(ctx context.Context, c *ctrd.Container, task *ctrd.Task) 
 // Remove deletes the container, its task and its snapshot.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	ctx = r.ctx(ctx)
+	r.takeCreated(id)
 	c, err := r.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil

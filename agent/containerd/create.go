@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -116,14 +117,15 @@ func (r *Runtime) withImageConfig(read oci.SpecOpts, f *imageFacts) oci.SpecOpts
 // ID, read with the image, as the v2 client's WithNewSnapshot does
 // without asking the snapshotter's capabilities (outpost maps no user
 // namespaces).
-func (r *Runtime) withNewSnapshot(id string, img images.Image, f *imageFacts) func(context.Context, *containers.Container) error {
-	return func(ctx context.Context, c *containers.Container) error {
-		if _, err := r.client.SnapshotService(c.Snapshotter).Prepare(ctx, id, f.chainID); err != nil {
-			return err
+func (r *Runtime) withNewSnapshot(id string, img images.Image, f *imageFacts) func(context.Context, *containers.Container) ([]mount.Mount, error) {
+	return func(ctx context.Context, c *containers.Container) ([]mount.Mount, error) {
+		mounts, err := r.client.SnapshotService(c.Snapshotter).Prepare(ctx, id, f.chainID)
+		if err != nil {
+			return nil, err
 		}
 		c.SnapshotKey = id
 		c.Image = img.Name
-		return nil
+		return mounts, nil
 	}
 }
 

@@ -6,13 +6,16 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"google.golang.org/grpc"
@@ -134,7 +137,7 @@ func testRuntime(t *testing.T, dir string, clk clock.Clock, ts tasks.TasksClient
 		cfg:    Config{Namespace: "test", FIFODir: filepath.Join(dir, "fifo")},
 		deps:   Deps{Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		client: cl, poll: testPoller(t), attached: map[string]bool{}, stdin: map[string]io.WriteCloser{}, outputs: map[string]*output{},
-		oom: map[string]bool{}, images: map[string]cachedImage{},
+		oom: map[string]bool{}, images: map[string]cachedImage{}, created: map[string]fresh{},
 		toWrite: make(chan struct{}, 1), writerDone: make(chan struct{}),
 	}
 }
@@ -156,6 +159,89 @@ func TestStartReplacesStaleTask(t *testing.T) {
 	}
 	if r.pending(id)[agent.LabelStartedAt] == "" {
 		t.Error("the container's start time was not kept")
+	}
+}
+
+// askedTasks is a task service with no task, which counts the tasks it
+// was asked for and keeps the rootfs of the creates.
+type askedTasks struct {
+	staleTasks
+	gets   int
+	rootfs [][]*types.Mount
+}
+
+func (a *askedTasks) Get(ctx context.Context, r *tasks.GetRequest, o ...grpc.CallOption) (*tasks.GetResponse, error) {
+	a.mu.Lock()
+	a.gets++
+	a.mu.Unlock()
+	return a.staleTasks.Get(ctx, r, o...)
+}
+
+func (a *askedTasks) Create(ctx context.Context, r *tasks.CreateTaskRequest, o ...grpc.CallOption) (*tasks.CreateTaskResponse, error) {
+	a.mu.Lock()
+	a.rootfs = append(a.rootfs, r.Rootfs)
+	a.listed = false // each create makes a task anew
+	a.mu.Unlock()
+	return a.staleTasks.Create(ctx, r, o...)
+}
+
+// countedContainers is a container store that counts its Gets.
+type countedContainers struct {
+	*oneContainer
+	gets int
+}
+
+func (c *countedContainers) Get(ctx context.Context, id string) (containers.Container, error) {
+	c.gets++
+	return c.oneContainer.Get(ctx, id)
+}
+
+// TestStartOfAContainerJustCreated: a container this runtime created is
+// started with the record and mounts its create left, asking containerd
+// for nothing but the task's create and start; one it did not create
+// (an earlier agent's), or whose first start is over, is read again: its
+// record, and a task it may have left.
+func TestStartOfAContainerJustCreated(t *testing.T) {
+	dir := t.TempDir()
+	id := "0123456789ab-main-0"
+	ts := &askedTasks{}
+	store := &countedContainers{oneContainer: testContainer(dir, id, nil)}
+	r := testRuntime(t, dir, clock.Real{}, ts, store)
+	rootfs := []mount.Mount{{Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/l", "upperdir=/u", "workdir=/w"}}}
+	r.client.Containers = store
+	created, err := r.client.LoadContainer(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.gets = 0
+	r.created[id] = fresh{c: created.WithoutSpec(), rootfs: rootfs}
+
+	if err := r.Start(context.Background(), id); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if store.gets != 0 || ts.gets != 0 {
+		t.Errorf("start of a container just created: %d container reads, %d task reads; want none", store.gets, ts.gets)
+	}
+	if len(ts.rootfs) != 1 || len(ts.rootfs[0]) != 1 || ts.rootfs[0][0].Type != "overlay" || !slices.Equal(ts.rootfs[0][0].Options, rootfs[0].Options) {
+		t.Errorf("task created on rootfs %v; want the create's %v", ts.rootfs, rootfs)
+	}
+	if _, ok := r.created[id]; ok {
+		t.Error("the create's record is still kept after the start")
+	}
+
+	// Started again (a restart of the container): read from containerd.
+	if err := r.Start(context.Background(), id); err != nil {
+		t.Fatalf("second start: %v", err)
+	}
+	if store.gets != 1 || ts.gets != 1 {
+		t.Errorf("second start: %d container reads, %d task reads; want one each", store.gets, ts.gets)
+	}
+
+	// Removed before its start: the record goes with it.
+	r.created[id] = fresh{c: created.WithoutSpec(), rootfs: rootfs}
+	r.Remove(context.Background(), id)
+	if _, ok := r.created[id]; ok {
+		t.Error("the create's record is still kept after the container's remove")
 	}
 }
 

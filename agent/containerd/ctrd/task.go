@@ -14,6 +14,7 @@ import (
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
@@ -75,6 +76,14 @@ func (c *Container) ID() string { return c.info.ID }
 
 // Info returns the container as it was loaded.
 func (c *Container) Info() containers.Container { return c.info }
+
+// WithoutSpec returns the container as loaded, less its spec: what to
+// keep of it when the spec is not needed again.
+func (c *Container) WithoutSpec() *Container {
+	info := c.info
+	info.Spec = nil
+	return &Container{client: c.client, info: info}
+}
 
 // Refresh reads the container again.
 func (c *Container) Refresh(ctx context.Context) (containers.Container, error) {
@@ -193,6 +202,10 @@ type TaskOpts struct {
 	// OCIRuntime, if not empty, is the OCI runtime the runc shim runs
 	// for the task (its BinaryName option) instead of runc.
 	OCIRuntime string
+	// Rootfs, if not nil, are the mounts of the container's snapshot as
+	// its Prepare returned them, so the task's create need not ask the
+	// snapshotter for them again.
+	Rootfs []mount.Mount
 }
 
 // runcOptionsType is the type URL containerd's runc shims know their
@@ -237,7 +250,11 @@ func (c *Container) NewTask(ctx context.Context, create cio.Creator, opts TaskOp
 		Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr,
 		RuntimePath: opts.RuntimePath, Options: options,
 	}
-	if c.info.SnapshotKey != "" {
+	if opts.Rootfs != nil {
+		for _, m := range opts.Rootfs {
+			req.Rootfs = append(req.Rootfs, &types.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
+		}
+	} else if c.info.SnapshotKey != "" {
 		if c.info.Snapshotter == "" {
 			return nil, fmt.Errorf("container %s: snapshot without snapshotter: %w", c.info.ID, errdefs.ErrInvalidArgument)
 		}
