@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
+	yaml11 "go.yaml.in/yaml/v2"
+	yaml "go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 )
@@ -48,6 +50,31 @@ func FuzzAgainstSigsYAML(f *testing.F) {
 		b, _ := json.Marshal(&theirs)
 		if string(a) != string(b) {
 			t.Fatalf("decoded differently:\n%s\nyamlcheck:         %s\nsigs.k8s.io/yaml:  %s", data, a, b)
+		}
+	})
+}
+
+// FuzzPlainWord: a scalar plainWord passes without decoding it both ways
+// is the same string to YAML 1.1 (yaml.v2, as sigs.k8s.io/yaml reads it)
+// and to YAML 1.2 (yaml.v3).
+func FuzzPlainWord(f *testing.F) {
+	for _, s := range []string{"name", "web", "y", "Yes", "off", "NULL", "busybox", "docker.io/library/busybox", "a.b", "a_b-c", "Always", "IfNotPresent", "TCP", "x", "nan", "inf", "Infinity", "NaN", "e", "E"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !plainWord(s) {
+			return
+		}
+		doc := []byte("v: " + s + "\n")
+		var v2, v3 map[string]any
+		if err := yaml11.Unmarshal(doc, &v2); err != nil {
+			t.Fatalf("%q: plain word, and YAML 1.1 refuses it: %v", s, err)
+		}
+		if err := yaml.Unmarshal(doc, &v3); err != nil {
+			t.Fatalf("%q: plain word, and YAML 1.2 refuses it: %v", s, err)
+		}
+		if v2["v"] != s || v3["v"] != s {
+			t.Fatalf("%q: plain word, and YAML 1.1 reads %#v, YAML 1.2 %#v", s, v2["v"], v3["v"])
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 
 	yaml11 "go.yaml.in/yaml/v2"
 	yaml "go.yaml.in/yaml/v3"
@@ -258,6 +259,9 @@ func yaml11Differs(n *yaml.Node) string {
 	if n.Kind != yaml.ScalarNode || n.Style&(yaml.TaggedStyle|yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 || n.Value == "" {
 		return ""
 	}
+	if plainWord(n.Value) {
+		return ""
+	}
 	var ours any
 	if n.Decode(&ours) != nil {
 		return ""
@@ -275,6 +279,39 @@ func yaml11Differs(n *yaml.Node) string {
 	}
 	// The value is not repeated: it may be a secret.
 	return fmt.Sprintf("means a %s to kubectl, which reads YAML 1.1, and a %s here: quote it", kindOf(theirs), kindOf(ours))
+}
+
+// plainWord reports whether s is a string to YAML 1.1 and 1.2 alike
+// without decoding it both ways, which is most of a manifest's scalars
+// (field names, names, images): ASCII letters, with '-', '_', '/' and
+// '.' after the first, and not one of YAML 1.1's boolean or null words.
+// Every other implicit type of YAML 1.1 (numbers, octals, sexagesimals,
+// timestamps, .inf and .nan, the merge and value keys) needs a digit or
+// begins with another character.
+func plainWord(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && (c == '-' || c == '_' || c == '/' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return !yaml11Words[s]
+}
+
+// yaml11Words are the letter-only scalars YAML 1.1 reads as a boolean or
+// null (yaml.v2's resolve table).
+var yaml11Words = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true,
+	"n": true, "N": true, "no": true, "No": true, "NO": true,
+	"true": true, "True": true, "TRUE": true, "false": true, "False": true, "FALSE": true,
+	"on": true, "On": true, "ON": true, "off": true, "Off": true, "OFF": true,
+	"null": true, "Null": true, "NULL": true,
 }
 
 // kindOf names the YAML type of a decoded scalar.
@@ -310,9 +347,22 @@ func describe(n *yaml.Node) string {
 	return fmt.Sprintf("%q", n.Value)
 }
 
+// fieldsOf caches structFields by type: a manifest's Pod has some forty
+// struct types, each met again in every file.
+var fieldsOf sync.Map // reflect.Type → map[string]reflect.Type, read only
+
 // structFields maps JSON names to field types, flattening embedded and
-// inline structs as encoding/json does.
+// inline structs as encoding/json does. The map is shared: read only.
 func structFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldsOf.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := structFieldsOf(t)
+	fieldsOf.Store(t, m)
+	return m
+}
+
+func structFieldsOf(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	for f := range t.Fields() {
 		tag := f.Tag.Get("json")
@@ -327,7 +377,7 @@ func structFields(t reflect.Type) map[string]reflect.Type {
 				ft = ft.Elem()
 			}
 			if ft.Kind() == reflect.Struct {
-				for k, v := range structFields(ft) {
+				for k, v := range structFieldsOf(ft) {
 					if _, ok := out[k]; !ok {
 						out[k] = v
 					}
