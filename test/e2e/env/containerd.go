@@ -182,9 +182,14 @@ func startContainerdAs(t testing.TB, c *Containerd, cri *CRIOptions) *Containerd
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      # runc's state on the state tmpfs, as /run/containerd/runc is on
+      # a real machine, and not in k8s.io's directory there, which
+      # another containerd on this machine may use.
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = %q`, cri.SandboxImage, cri.CNIConfDir)
+    conf_dir = %q`, cri.SandboxImage, filepath.Join(c.State, "runc"), cri.CNIConfDir)
 	}
 	cfg := fmt.Sprintf(`version = 2
 root = %q
