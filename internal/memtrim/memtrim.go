@@ -32,7 +32,9 @@ type GC struct {
 // Run trims once changes (a store subscription, say to pods) has been
 // quiet for quiet after its first value, and again after each later burst
 // of changes has quieted, setting GOGC to gc.Idle before each trim and
-// back to gc.Busy at the first change after; it returns when ctx ends.
+// back to gc.Busy at the first change after; while it stays quiet, it
+// gives the heap's free pages back every quiet (see returnFree). It
+// returns when ctx ends.
 func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet time.Duration, log *slog.Logger, gc GC, files ...Unmapper) {
 	timer := clk.NewTimer(quiet)
 	defer timer.Stop()
@@ -48,7 +50,13 @@ func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet ti
 			idle = false
 			timer.Reset(quiet)
 		case <-timer.C():
-			if !idle && gc.Idle > 0 {
+			timer.Reset(quiet)
+			if idle {
+				returnFree()
+				log.Debug("returned the heap's free pages")
+				continue
+			}
+			if gc.Idle > 0 {
 				debug.SetGCPercent(gc.Idle)
 			}
 			idle = true
@@ -61,6 +69,15 @@ func Run(ctx context.Context, changes <-chan struct{}, clk clock.Clock, quiet ti
 		}
 	}
 }
+
+// returnFree collects and gives the heap's free pages back to the
+// kernel. Idle, the agent still allocates (status reports, probes), and
+// the spans its collections free stay mapped until the runtime's
+// scavenger, which leaves alone the pages freed in the last cycle, gets
+// to them: with 30 pods, 0.6 MiB of the heap was such free pages 25 s
+// after the trim. A forced collection of a heap of a few MiB costs a
+// millisecond or two.
+func returnFree() { debug.FreeOSMemory() }
 
 // Unmapper drops the pages of a file it maps from the process's page
 // tables, as store.Store does with bbolt's mapping of the store's file.

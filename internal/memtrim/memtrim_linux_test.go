@@ -67,7 +67,8 @@ func TestTrimUnmapsTheExecutableAndRunsOn(t *testing.T) {
 }
 
 // Run trims after the quiet time from its start, and after a change
-// once it has quieted again; not while changes keep coming.
+// once it has quieted again; not while changes keep coming. Quiet on, it
+// returns the free heap every quiet time.
 func TestRunTrimsWhenQuiet(t *testing.T) {
 	clk := clocktest.New(time.Unix(0, 0))
 	changes := make(chan struct{})
@@ -92,6 +93,17 @@ func TestRunTrimsWhenQuiet(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	spin.For(t, "one trim", func() (bool, string) { return trims() == 1, fmt.Sprintf("log %q", out.String()) })
+	// Quiet on, the free heap goes back every quiet; no second trim.
+	returns := func() int { return strings.Count(out.String(), "returned the heap's free pages") }
+	spin.For(t, "Run waiting on the clock after the trim", func() (bool, string) {
+		n := clk.Waiters()
+		return n == 1, fmt.Sprintf("%d waiters", n)
+	})
+	clk.Advance(10 * time.Second)
+	spin.For(t, "the free heap returned", func() (bool, string) { return returns() == 1, fmt.Sprintf("log %q", out.String()) })
+	if trims() != 1 {
+		t.Errorf("trimmed %d times while quiet; want once", trims())
+	}
 	cancel()
 	<-done
 }
