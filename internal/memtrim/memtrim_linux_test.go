@@ -83,15 +83,17 @@ func TestRunTrimsWhenQuiet(t *testing.T) {
 		return n == 1, fmt.Sprintf("%d waiters", n)
 	})
 	clk.Advance(9 * time.Second)
-	// A change before the first trim moves it; the second send returns
-	// once Run is back waiting, its timer reset.
+	// A change before the first trim moves it. The second send returns
+	// once Run is back waiting, the first change's timer reset (due at
+	// 19 s); the second's reset may come after the next advance (due at
+	// 28 s then), so the trim is waited for at 28 s.
 	changes <- struct{}{}
 	changes <- struct{}{}
 	clk.Advance(9 * time.Second)
 	if trims() != 0 {
 		t.Fatalf("trimmed %d times while changes came", trims())
 	}
-	clk.Advance(time.Second)
+	clk.Advance(10 * time.Second)
 	spin.For(t, "one trim", func() (bool, string) { return trims() == 1, fmt.Sprintf("log %q", out.String()) })
 	// Quiet on, the free heap goes back every quiet; no second trim.
 	returns := func() int { return strings.Count(out.String(), "returned the heap's free pages") }
