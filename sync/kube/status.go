@@ -113,11 +113,14 @@ func (s *Syncer) drainStatus(ctx context.Context, api podAPI) {
 		if again {
 			continue
 		}
-		recheck.Stop()
+		// Reset on an armed timer moves it (Go 1.23's timers deliver no
+		// stale tick after it), so the events' timer is never off while
+		// some wait.
 		recheck.Reset(statusRecheck)
-		events.Stop()
 		if d.eventsLater > 0 {
 			events.Reset(d.eventsLater)
+		} else {
+			events.Stop()
 		}
 		select {
 		case <-ctx.Done():

@@ -564,9 +564,15 @@ func TestStatusEventsNeverHoldUpStatuses(t *testing.T) {
 	reactWait.Until(t, "the status patched", func() bool { return u.backlog() == 0 })
 	u.wantCalls("patch default/web uid=u1 phase=Running")
 
-	u.clk.Advance(500 * time.Millisecond)
+	// Each advance waits for the events' timer, armed for the next token:
+	// the loop arms it after it sends what the bucket allows, and an
+	// advance before that would pass with nothing due.
+	tick := 500 * time.Millisecond
+	reactWait.Until(t, "the events' timer armed", func() bool { return u.clk.Armed(tick) })
+	u.clk.Advance(tick)
 	reactWait.Until(t, "one more event once a token came", func() bool { return calls() == 1 })
-	u.clk.Advance(500 * time.Millisecond)
+	reactWait.Until(t, "the events' timer armed again", func() bool { return u.clk.Armed(tick) })
+	u.clk.Advance(tick)
 	reactWait.Until(t, "the last event", func() bool { return calls() == 2 })
 	u.wantCalls("event E3", "event E4")
 }

@@ -75,6 +75,20 @@ func (f *Fake) Waiters() int {
 	return n
 }
 
+// Armed reports whether a timer or ticker is active and due d from now,
+// so a test can wait for a particular timer before advancing past it.
+func (f *Fake) Armed(d time.Duration) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at := f.now.Add(d)
+	for _, w := range f.waiters {
+		if w.active && w.at.Equal(at) {
+			return true
+		}
+	}
+	return false
+}
+
 // Advance moves the fake time forward by d, firing every timer and ticker
 // that falls due on the way. Like a real ticker, a tick whose channel is
 // full is dropped.
