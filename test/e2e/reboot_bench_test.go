@@ -50,7 +50,9 @@ import (
 // create; or containerd, the floor of a node agent on containerd (see
 // rebootContainerd). outpost-crun, crun and containerd-crun are outpost,
 // the bare floor and the floor on containerd with crun as the OCI
-// runtime. One iteration is the whole run: -benchtime 1x.
+// runtime. One iteration is the whole run: -benchtime 1x. With
+// BENCH_REBOOT_IDLE (a duration), outpost's agent is left that long
+// after the reboot and its RSS and anonymous memory are reported.
 func BenchmarkPeersReboot(b *testing.B) {
 	env.RequireRoot(b)
 	peer := cmp.Or(os.Getenv("BENCH_PEER"), "outpost")
@@ -186,7 +188,20 @@ func rebootOutpost(b *testing.B, started, ociRuntime string) (took, cpu time.Dur
 	start, cpu := time.Now(), machineCPU(b)
 	n.startAgent(b)
 	waitStarted(b, started, 2*time.Minute)
-	return time.Since(start), machineCPU(b) - cpu
+	took, cpu = time.Since(start), machineCPU(b)-cpu
+	if v := os.Getenv("BENCH_REBOOT_IDLE"); v != "" {
+		// The agent's memory once the reboot's burst is over and the
+		// pods have been quiet: what the start left behind.
+		idle, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("BENCH_REBOOT_IDLE=%q: %v", v, err)
+		}
+		time.Sleep(idle)
+		st := benchProcStatus(b, n.agentPID(b), "VmRSS", "RssAnon")
+		b.ReportMetric(float64(st["VmRSS"])/1024, "agent-rss-MiB")
+		b.ReportMetric(float64(st["RssAnon"])/1024, "agent-anon-MiB")
+	}
+	return took, cpu
 }
 
 // rebootKubelet is rebootOutpost with kubelet standalone.
