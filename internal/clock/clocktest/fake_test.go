@@ -5,6 +5,76 @@ import (
 	"time"
 )
 
+func TestFakeTimerFiresOnlyWhenDue(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f := New(start)
+	tm := f.NewTimer(10 * time.Second)
+	f.Advance(9 * time.Second)
+	select {
+	case <-tm.C():
+		t.Fatal("timer fired early")
+	default:
+	}
+	f.Advance(time.Second)
+	select {
+	case got := <-tm.C():
+		if want := start.Add(10 * time.Second); !got.Equal(want) {
+			t.Fatalf("fired at %v, want %v", got, want)
+		}
+	default:
+		t.Fatal("timer did not fire when due")
+	}
+	if f.Waiters() != 0 {
+		t.Fatalf("fired timer still active")
+	}
+}
+
+func TestFakeTimerStopAndReset(t *testing.T) {
+	f := New(time.Unix(0, 0))
+	tm := f.NewTimer(time.Second)
+	if !tm.Stop() {
+		t.Fatal("Stop of an active timer reported inactive")
+	}
+	f.Advance(2 * time.Second)
+	select {
+	case <-tm.C():
+		t.Fatal("stopped timer fired")
+	default:
+	}
+	if tm.Reset(time.Second) {
+		t.Fatal("Reset of a stopped timer reported active")
+	}
+	f.Advance(time.Second)
+	select {
+	case <-tm.C():
+	default:
+		t.Fatal("reset timer did not fire")
+	}
+}
+
+func TestFakeTickerDropsTicksLikeReal(t *testing.T) {
+	f := New(time.Unix(0, 0))
+	tk := f.NewTicker(time.Second)
+	defer tk.Stop()
+	f.Advance(5 * time.Second)
+	n := 0
+	for {
+		select {
+		case <-tk.C():
+			n++
+			continue
+		default:
+		}
+		break
+	}
+	if n != 1 {
+		t.Fatalf("got %d buffered ticks, want 1 (the rest dropped)", n)
+	}
+	if got, want := f.Now(), time.Unix(5, 0); !got.Equal(want) {
+		t.Fatalf("now = %v, want %v", got, want)
+	}
+}
+
 func TestArmed(t *testing.T) {
 	f := New(time.Unix(0, 0))
 	tm := f.NewTimer(time.Second)
