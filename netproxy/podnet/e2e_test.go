@@ -41,7 +41,7 @@ const (
 
 const dialTimeout = 5 * time.Second
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, links and nftables rules")
@@ -50,7 +50,7 @@ func requireRoot(t *testing.T) {
 
 // newNS creates an anonymous network namespace, held by the returned
 // handle until the test ends, with loopback up.
-func newNS(t *testing.T) netns.NsHandle {
+func newNS(t testing.TB) netns.NsHandle {
 	t.Helper()
 	ns := netns.None()
 	err := onFreshThread(func() (bool, error) {
@@ -82,7 +82,7 @@ func newNS(t *testing.T) netns.NsHandle {
 	return ns
 }
 
-func handleAt(t *testing.T, ns netns.NsHandle) *netlink.Handle {
+func handleAt(t testing.TB, ns netns.NsHandle) *netlink.Handle {
 	t.Helper()
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
@@ -102,7 +102,7 @@ type env struct {
 	log       *slog.Logger
 }
 
-func newEnv(t *testing.T, cidr string) *env {
+func newEnv(t testing.TB, cidr string) *env {
 	t.Helper()
 	requireRoot(t)
 	e := &env{host: newNS(t)}
@@ -151,7 +151,7 @@ func newEnv(t *testing.T, cidr string) *env {
 	return e
 }
 
-func (e *env) openStore(t *testing.T) {
+func (e *env) openStore(t testing.TB) {
 	t.Helper()
 	st, err := store.Open(e.storePath, store.Options{})
 	if err != nil {
@@ -160,7 +160,7 @@ func (e *env) openStore(t *testing.T) {
 	e.store = st
 }
 
-func (e *env) newNetwork(t *testing.T) {
+func (e *env) newNetwork(t testing.TB) {
 	t.Helper()
 	n, err := New(e.cfg, Deps{Store: e.store, Log: e.log})
 	if err != nil {
@@ -645,5 +645,36 @@ func requireNeighDel(t *testing.T, e *env) {
 	err = h.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: net.IPv4(10, 42, 0, 254)})
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		t.Skip("neighbour entries cannot be deleted here (EOPNOTSUPP): qemu-user does not translate RTM_DELNEIGH")
+	}
+}
+
+// TestE2EReserveThenSetup: Reserve gives the pod its address and the path
+// of its netns without making the netns; Setup then makes it, with the
+// same address.
+func TestE2EReserveThenSetup(t *testing.T) {
+	e := newEnv(t, "10.42.0.0/24")
+	r, err := e.net.Reserve(uidA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := netip.MustParseAddr("10.42.0.2"); r.IP != want || r.NetNSPath != e.net.NetNSPath(uidA) {
+		t.Fatalf("Reserve = %s at %s, want %s at %s", r.IP, r.NetNSPath, want, e.net.NetNSPath(uidA))
+	}
+	if _, err := os.Stat(r.NetNSPath); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("netns %s after Reserve: %v, want none", r.NetNSPath, err)
+	}
+	if pods, err := e.net.Pods(); err != nil || !slices.Equal(pods, []string{uidA}) {
+		t.Fatalf("Pods() = %v, %v after Reserve, want [%s]: a reserved pod is torn down like another", pods, err, uidA)
+	}
+	again, err := e.net.Reserve(uidA)
+	if err != nil || again != r {
+		t.Fatalf("Reserve again = %+v, %v, want %+v", again, err, r)
+	}
+	got := e.setup(t, uidA)
+	if got != r {
+		t.Fatalf("Setup = %+v, want Reserve's %+v", got, r)
+	}
+	if ok, err := isNetNS(got.NetNSPath); !ok || err != nil {
+		t.Fatalf("netns %s after Setup: %v, %v", got.NetNSPath, ok, err)
 	}
 }
