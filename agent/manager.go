@@ -25,10 +25,6 @@ import (
 // netproxy/podnet to it. Setup is idempotent: after an agent restart it
 // returns what an earlier call made.
 type PodNetwork interface {
-	// Reserve returns the pod's address and the path its netns will
-	// have, without making the netns: Setup makes it, and must be done
-	// before a container of the pod starts.
-	Reserve(podUID string) (netnsPath string, ip netip.Addr, err error)
 	Setup(ctx context.Context, podUID string) (netnsPath string, ip netip.Addr, err error)
 	Teardown(ctx context.Context, podUID string) error
 }

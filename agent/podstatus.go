@@ -125,7 +125,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		t := w.startTime
 		st.StartTime = &t
 	}
-	if ip := w.podIP(); ip != "" && w.ready && w.netUp {
+	if ip := w.podIP(); ip != "" && w.ready {
 		st.PodIP = ip
 		st.PodIPs = []corev1.PodIP{{IP: ip}}
 	}
@@ -244,7 +244,7 @@ func (w *worker) computeStatus(pod *corev1.Pod, byName map[string]attempts) core
 		initDone, initReason, initMsg = true, "PodCompleted", ""
 		readyReason, readyMsg = "PodCompleted", ""
 	}
-	cond(corev1.PodReadyToStartContainers, w.ready && w.netUp, "", "")
+	cond(corev1.PodReadyToStartContainers, w.ready, "", "")
 	cond(corev1.PodInitialized, initDone, initReason, initMsg)
 	if st.Phase == corev1.PodSucceeded {
 		// kubelet keeps the reason on the True condition of a finished pod.

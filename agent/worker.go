@@ -78,8 +78,7 @@ type worker struct {
 	// Owned by the worker goroutine.
 	ip    netip.Addr
 	netns string
-	ready bool // sandbox set up, the pod's address reserved
-	netUp bool // the pod's netns and veth made (ensureNetwork)
+	ready bool // sandbox set up
 	// failReason and failMessage are the status reason and message of a
 	// pod the worker failed on purpose (DeadlineExceeded).
 	failReason, failMessage string
@@ -265,10 +264,6 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 			w.refreshVolumes(ctx, pod)
 		}
 	}
-	if err := w.ensureNetwork(ctx); err != nil {
-		w.log.Warn("pod sandbox", "err", err)
-		next = earliest(next, 5*time.Second)
-	}
 	// Re-read after the changes above so status shows them, and start the
 	// probes of the containers this sync started.
 	cs, err = w.m.rt.List(ctx, w.uid)
@@ -392,17 +387,14 @@ func (w *worker) ensureSandbox(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	if !hostNetwork(pod) && w.m.net != nil {
-		// Only the address and the netns's path, for the containers'
-		// specs: ensureNetwork makes the netns before the first start,
-		// so a pod's container creates in containerd (a snapshot, a
-		// record) run while the agent makes the other pods' networks.
-		nsPath, ip, err := w.m.net.Reserve(w.uid)
+		nsPath, ip, err := w.m.net.Setup(ctx, w.uid)
 		if err != nil {
 			return fmt.Errorf("network: %w", err)
 		}
 		w.netns, w.ip = nsPath, ip
-	} else {
-		w.netUp = true
+		w.mu.Lock()
+		w.netnsPath = nsPath
+		w.mu.Unlock()
 	}
 	dir := w.m.podDir(w.uid)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -412,30 +404,6 @@ func (w *worker) ensureSandbox(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	w.ready = true
-	return nil
-}
-
-// ensureNetwork makes the pod's netns and veth (the sandbox reserved
-// its address), once: before any container of the pod starts, and at
-// the end of every sync, so an agent restarted beside running
-// containers finds their network too.
-func (w *worker) ensureNetwork(ctx context.Context) error {
-	if w.netUp || !w.ready {
-		return nil
-	}
-	nsPath, ip, err := w.m.net.Setup(ctx, w.uid)
-	if err != nil {
-		return fmt.Errorf("network: %w", err)
-	}
-	if nsPath != w.netns || ip != w.ip {
-		// Reserve and Setup agree on both; a pod whose address moved
-		// would have containers made for the old one.
-		return fmt.Errorf("network: set up %s at %s, but reserved %s at %s", ip, nsPath, w.ip, w.netns)
-	}
-	w.netUp = true
-	w.mu.Lock()
-	w.netnsPath = nsPath
-	w.mu.Unlock()
 	return nil
 }
 
@@ -659,10 +627,6 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 	if len(a) > 0 {
 		latest := a[0]
 		if latest.State == StateCreated {
-			if w.ensureNetwork(ctx) != nil {
-				w.setWaiting(c.Name, "ContainerCreating", "")
-				return 5 * time.Second // logged at the end of sync
-			}
 			if err := w.m.rt.Start(ctx, latest.ID); err != nil {
 				w.setWaiting(c.Name, "RunContainerError", err.Error())
 				return 5 * time.Second
@@ -699,12 +663,6 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 	}
 	if err := w.m.rt.Create(ctx, spec); err != nil && !errors.Is(err, ErrExists) {
 		w.failed(pod, c, "CreateContainerError", err)
-		return 5 * time.Second
-	}
-	if w.ensureNetwork(ctx) != nil {
-		// The container stays created; a later sync starts it. The
-		// error is logged at the end of sync, which tries once more.
-		w.setWaiting(c.Name, "ContainerCreating", "")
 		return 5 * time.Second
 	}
 	if err := w.m.rt.Start(ctx, spec.ID); err != nil {

@@ -26,11 +26,6 @@ func (p podNetwork) Setup(ctx context.Context, uid string) (string, netip.Addr, 
 	return r.NetNSPath, r.IP, err
 }
 
-func (p podNetwork) Reserve(uid string) (string, netip.Addr, error) {
-	r, err := p.n.Reserve(uid)
-	return r.NetNSPath, r.IP, err
-}
-
 func (p podNetwork) Teardown(ctx context.Context, uid string) error { return p.n.Teardown(ctx, uid) }
 
 // newPodNetwork sets up the bridge and returns the pod network with the

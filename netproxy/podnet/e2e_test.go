@@ -647,34 +647,3 @@ func requireNeighDel(t *testing.T, e *env) {
 		t.Skip("neighbour entries cannot be deleted here (EOPNOTSUPP): qemu-user does not translate RTM_DELNEIGH")
 	}
 }
-
-// TestE2EReserveThenSetup: Reserve gives the pod its address and the path
-// of its netns without making the netns; Setup then makes it, with the
-// same address.
-func TestE2EReserveThenSetup(t *testing.T) {
-	e := newEnv(t, "10.42.0.0/24")
-	r, err := e.net.Reserve(uidA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := netip.MustParseAddr("10.42.0.2"); r.IP != want || r.NetNSPath != e.net.NetNSPath(uidA) {
-		t.Fatalf("Reserve = %s at %s, want %s at %s", r.IP, r.NetNSPath, want, e.net.NetNSPath(uidA))
-	}
-	if _, err := os.Stat(r.NetNSPath); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("netns %s after Reserve: %v, want none", r.NetNSPath, err)
-	}
-	if pods, err := e.net.Pods(); err != nil || !slices.Equal(pods, []string{uidA}) {
-		t.Fatalf("Pods() = %v, %v after Reserve, want [%s]: a reserved pod is torn down like another", pods, err, uidA)
-	}
-	again, err := e.net.Reserve(uidA)
-	if err != nil || again != r {
-		t.Fatalf("Reserve again = %+v, %v, want %+v", again, err, r)
-	}
-	got := e.setup(t, uidA)
-	if got != r {
-		t.Fatalf("Setup = %+v, want Reserve's %+v", got, r)
-	}
-	if ok, err := isNetNS(got.NetNSPath); !ok || err != nil {
-		t.Fatalf("netns %s after Setup: %v, %v", got.NetNSPath, ok, err)
-	}
-}

@@ -268,21 +268,6 @@ func (n *Network) enableForwarding() error {
 	return inNetNS(n.cfg.HostNetNS, enable)
 }
 
-// Reserve returns podUID's address, reserving one as Setup does, and the
-// path its netns will have, without making the netns or its veth: a pod's
-// container can be created with them while Setup runs, as long as Setup
-// is done before the container's task starts.
-func (n *Network) Reserve(podUID string) (Result, error) {
-	if err := checkUID(podUID); err != nil {
-		return Result{}, fmt.Errorf("reserve pod address: %w", err)
-	}
-	ip, err := n.allocate(podUID)
-	if err != nil {
-		return Result{}, fmt.Errorf("pod %s: %w", podUID, err)
-	}
-	return Result{NetNSPath: n.NetNSPath(podUID), IP: ip, Gateway: n.rng.gateway, Prefix: n.rng.prefix}, nil
-}
-
 // Setup makes sure podUID has its network: a named netns with loopback
 // up, a veth pair whose host side is on the bridge and whose pod side is
 // eth0, an address from IPAM on eth0 and a default route via the
