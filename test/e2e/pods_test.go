@@ -147,11 +147,7 @@ func TestE2EImageGroupsInEveryContainer(t *testing.T) {
 	n.start()
 	for i := range pods {
 		name := fmt.Sprintf("groups-%d-e2e-groups", i)
-		n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
-		logs, err := n.outpost("logs", name)
-		if err != nil {
-			t.Fatalf("logs of %s: %v", name, err)
-		}
+		logs := n.succeededLogs(name)
 		if !slices.Equal(groupsLine(logs), []string{"0", "10"}) {
 			t.Fatalf("pod %s: process groups %q, want 0 and 10 (root and wheel)", name, logs)
 		}
@@ -181,11 +177,7 @@ spec:
 `, env.TestImage, check))
 	n.start()
 	for name, want := range map[string]string{"plain-e2e-run": "no mount on /run", "vol-e2e-run": " /run tmpfs "} {
-		n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
-		logs, err := n.outpost("logs", name)
-		if err != nil {
-			t.Fatalf("logs of %s: %v", name, err)
-		}
+		logs := n.succeededLogs(name)
 		if !strings.Contains(logs, want) {
 			t.Errorf("pod %s: /run mounts %q, want %q", name, logs, want)
 		}
@@ -217,17 +209,25 @@ func TestE2EHostPIDAndIPC(t *testing.T) {
 	}
 	hostNS = append(hostNS, "host shm")
 	for name, host := range map[string]bool{"own-e2e-hostns": false, "host-e2e-hostns": true} {
-		n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
-		logs, err := n.outpost("logs", name)
-		if err != nil {
-			t.Fatalf("logs of %s: %v", name, err)
-		}
+		logs := n.succeededLogs(name)
 		for _, want := range hostNS {
 			if strings.Contains(logs, want) != host {
 				t.Errorf("pod %s: %q, the host's %q: in it %v, want %v", name, logs, want, !host, host)
 			}
 		}
 	}
+}
+
+// succeededLogs waits up to a minute for pod name to succeed and returns
+// what `outpost logs` prints of it.
+func (n *node) succeededLogs(name string) string {
+	n.t.Helper()
+	n.waitPod(name, 60*time.Second, "Succeeded", func(p *agent.PodInfo) bool { return p.Status.Phase == corev1.PodSucceeded })
+	logs, err := n.outpost("logs", name)
+	if err != nil {
+		n.t.Fatalf("logs of %s: %v\n%s", name, err, logs)
+	}
+	return logs
 }
 
 // groupsLine returns the groups of a /proc/PID/status Groups line in out.
