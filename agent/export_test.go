@@ -40,11 +40,17 @@ func PullPolicy(c *corev1.Container) corev1.PullPolicy { return pullPolicy(c) }
 // ContainerID is containerID.
 func ContainerID(podUID, name string, attempt int) string { return containerID(podUID, name, attempt) }
 
-// HasWorker reports whether a worker for uid is still running: a removed
-// pod's worker stops its timer only as it exits, after its last sync.
-func (m *podManager) HasWorker(uid string) bool {
+// Exiting returns how many workers have removed their pod and not yet
+// exited: such a worker stops its timer only as it exits, after its last
+// sync.
+func (m *podManager) Exiting() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.workers[uid]
-	return ok
+	n := 0
+	for _, w := range m.workers {
+		if w.getState() == LifecycleRemoved {
+			n++
+		}
+	}
+	return n
 }

@@ -186,9 +186,12 @@ func (h *harness) synced(after int, what string, cond func() bool) {
 }
 
 // advance moves the fake clock by d, with every worker idle, and waits
-// until each worker whose timer fell due has synced.
+// until each worker whose timer fell due has synced. A worker that has
+// removed its pod is waited for first: its timer stays armed until it
+// exits, and would count as due without ever syncing.
 func (h *harness) advance(d time.Duration) {
 	h.t.Helper()
+	h.eventually("removed pods' workers to exit", func() bool { return h.m == nil || h.m.Exiting() == 0 })
 	n, due := h.clk.syncs(), h.clk.due(d)
 	h.clk.Advance(d)
 	h.eventually(fmt.Sprintf("%d worker(s) to sync after %v", due, d), func() bool { return h.clk.syncs() >= n+due })
