@@ -1,7 +1,7 @@
 // Package containerd is the agent's Runtime over containerd, through its
 // own client of containerd's API (ctrd, imageio), in one containerd namespace (default
-// "outpost"). Tested against containerd 1.6 (Debian 12); containerd 1.7 and
-// 2.x serve the same API. Container output is copied from the shim's FIFOs
+// "outpost"). Tested against containerd 1.6 (Debian 12) and 2.3; 1.7
+// serves the same API. Container output is copied from the shim's FIFOs
 // into CRI-format log files; after an agent restart the copy is re-attached
 // to the running tasks' FIFOs.
 package containerd

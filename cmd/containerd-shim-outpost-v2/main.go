@@ -3,23 +3,30 @@
 // with a faster start when the shim that serves the container's group is
 // already running.
 //
-// containerd 1.6 runs the runtime binary's start command for every task
-// it creates, even one whose shim group is already served. The runc
-// shim's start is a Go program of 11 MiB, linked dynamically: about 30 ms
-// of CPU each on a busy 2-core board, a tenth of the CPU of bringing
-// 30 pods back after a reboot. When the group's shim answers on its
-// socket, this command does what the runc shim's start does then (writes
-// the socket's address to the bundle and prints it) and exits; in every
-// other case (the group's first task, a shim gone, delete, a flag it does
-// not know) it execs containerd-shim-runc-v2 with the same arguments, so
-// the runc shim stays the one that runs the containers.
+// containerd runs the runtime binary's start command for every task it
+// creates, even one whose shim group is already served. The runc shim's
+// start is a Go program of 11 MiB, linked dynamically: about 30 ms of CPU
+// each on a busy 2-core board, a tenth of the CPU of bringing 30 pods
+// back after a reboot. When the group's shim answers on its socket, this
+// command prints what the runc shim's start printed when it started that
+// shim, and exits: the socket's address from containerd 1.6 and 1.7's
+// runc shim; from 2's, the address with the version of the task API the
+// shim serves (3, the only one), which containerd then speaks to it (as
+// JSON in 2.0 to 2.2, as protobuf since 2.3). Any other start (no
+// record, a shim gone) it hands the runc shim as a child, and records what
+// that prints; anything else (delete, a flag it does not know) it execs
+// containerd-shim-runc-v2 with. The runc shim stays the one that runs
+// the containers.
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,23 +46,108 @@ var socketDir = "/run/containerd/s"
 // containers by, in its order: outpost sets the first.
 var groupAnnotations = []string{"io.containerd.runc.v2.group", "io.kubernetes.cri.sandbox-id"}
 
+// recordDir holds what the runc shim's start printed for each group shim
+// it started through this command, named as the shim's socket. On /run,
+// so gone at a reboot with the shims. A variable for the tests.
+var recordDir = "/run/outpost/shim-start"
+
 func main() {
-	if addr, ok := fastStart(os.Args[1:]); ok {
-		os.Stdout.WriteString(addr)
+	args := os.Args[1:]
+	if out, ok := fastStart(args); ok {
+		os.Stdout.WriteString(out)
 		return
 	}
-	path, err := shimPath(os.Args[1:])
-	if err == nil {
-		err = syscall.Exec(path, append([]string{path}, os.Args[1:]...), os.Environ())
+	path, err := shimPath(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "containerd-shim-outpost-v2: %v\n", err)
+		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "containerd-shim-outpost-v2: exec %s: %v\n", runcShim, err)
+	if socket, ok := startSocket(args); ok {
+		os.Exit(startAndRecord(os.Stdout, path, args, socket))
+	}
+	err = syscall.Exec(path, append([]string{path}, args...), os.Environ())
+	fmt.Fprintf(os.Stderr, "containerd-shim-outpost-v2: exec %s: %v\n", path, err)
 	os.Exit(1)
 }
 
-// fastStart answers a start whose group's shim is running: it returns the
-// shim's address, written to ./address as the runc shim writes it, and
-// false for anything else.
+// fastStart answers a start whose group's shim is running and whose start
+// was recorded: it returns what the runc shim's start printed then, with
+// the shim's address written to ./address as the runc shim writes it,
+// and false for anything else.
 func fastStart(args []string) (string, bool) {
+	socket, ok := startSocket(args)
+	if !ok {
+		return "", false
+	}
+	rec, err := os.ReadFile(filepath.Join(recordDir, filepath.Base(socket)))
+	addr := "unix://" + socket
+	if err != nil || !bytes.Contains(rec, []byte(addr)) || !canConnect(socket) {
+		return "", false
+	}
+	if writeAddress("address", addr) != nil {
+		return "", false
+	}
+	return string(rec), true
+}
+
+// startAndRecord runs the runc shim at path with args, a start whose
+// group's shim listens on socket, copies what it prints to stdout and
+// records it when the start succeeds and it names the socket. It returns
+// the exit code.
+func startAndRecord(stdout io.Writer, path string, args []string, socket string) int {
+	var out bytes.Buffer
+	cmd := exec.Command(path, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, &out, os.Stderr
+	err := cmd.Run()
+	stdout.Write(out.Bytes())
+	if err != nil {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && ee.ExitCode() > 0 {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stderr, "containerd-shim-outpost-v2: %s start: %v\n", path, err)
+		return 1
+	}
+	if bytes.Contains(out.Bytes(), []byte("unix://"+socket)) {
+		// Not recorded, the next start of the group goes to the runc
+		// shim again: slower, never wrong.
+		record(filepath.Join(recordDir, filepath.Base(socket)), out.Bytes())
+		prune(recordDir)
+	}
+	return 0
+}
+
+// prune removes the records in dir of shims whose sockets are gone: a
+// runc shim removes its socket when it exits, after its last task.
+func prune(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), ".") {
+			continue // another start's record being written
+		}
+		if _, err := os.Lstat(filepath.Join(socketDir, e.Name())); errors.Is(err, os.ErrNotExist) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// record writes data to path through a temporary file, renamed.
+func record(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf("%s.%d", path, os.Getpid())
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// startSocket returns, for a start, the path of the socket the runc shim
+// of the task's group listens on (as the runc shim names it: from
+// containerd's address, the namespace and the group in the bundle's
+// spec), and false for anything else.
+func startSocket(args []string) (string, bool) {
 	flags, action, ok := parse(args)
 	if !ok || action != "start" || flags["namespace"] == "" || flags["address"] == "" || flags["id"] == "" {
 		return "", false
@@ -78,15 +170,7 @@ func fastStart(args []string) (string, bool) {
 		}
 	}
 	sum := sha256.Sum256([]byte(filepath.Join(flags["address"], flags["namespace"], group)))
-	path := filepath.Join(socketDir, hex.EncodeToString(sum[:]))
-	if !canConnect(path) {
-		return "", false
-	}
-	addr := "unix://" + path
-	if writeAddress("address", addr) != nil {
-		return "", false
-	}
-	return addr, true
+	return filepath.Join(socketDir, hex.EncodeToString(sum[:])), true
 }
 
 // parse reads the shim's command line as Go's flag package would (-name

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -65,6 +67,21 @@ func listen(t *testing.T, group string) string {
 	return path
 }
 
+// recorded records out as what the runc shim's start printed for the
+// shim on socket, in a recordDir of the test's.
+func recorded(t *testing.T, socket, out string) {
+	t.Helper()
+	if err := record(filepath.Join(recordDir, filepath.Base(socket)), []byte(out)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// useDirs points socketDir and recordDir at directories of the test's.
+func useDirs(t *testing.T) {
+	t.Helper()
+	socketDir, recordDir = shortDir(t), t.TempDir()
+}
+
 // bundle makes the current directory a bundle whose spec carries
 // annotations.
 func bundle(t *testing.T, annotations string) {
@@ -78,8 +95,9 @@ func bundle(t *testing.T, annotations string) {
 var startArgs = []string{"-namespace", "ns", "-address", "/run/c.sock", "-publish-binary", "/usr/bin/containerd", "-id", "c1", "start"}
 
 func TestFastStartAnswersForTheGroupsRunningShim(t *testing.T) {
-	socketDir = shortDir(t)
+	useDirs(t)
 	path := listen(t, "outpost-2")
+	recorded(t, path, "unix://"+path)
 	bundle(t, `{"io.containerd.runc.v2.group":"outpost-2"}`)
 	addr, ok := fastStart(startArgs)
 	if !ok || addr != "unix://"+path {
@@ -94,9 +112,27 @@ func TestFastStartAnswersForTheGroupsRunningShim(t *testing.T) {
 	}
 }
 
+// containerd 2.x's runc shim prints a JSON, and serves only the version
+// of the task API it names: containerd takes a bare address for version
+// 2, which that shim does not serve.
+func TestFastStartRepeatsTheRecordedJSON(t *testing.T) {
+	useDirs(t)
+	path := listen(t, "outpost-2")
+	params := `{"version":3,"address":"unix://` + path + `","protocol":"ttrpc"}`
+	recorded(t, path, params)
+	bundle(t, `{"io.containerd.runc.v2.group":"outpost-2"}`)
+	if out, ok := fastStart(startArgs); !ok || out != params {
+		t.Fatalf("fastStart = %q, %v; want %s, true", out, ok, params)
+	}
+	if got, err := os.ReadFile("address"); err != nil || string(got) != "unix://"+path {
+		t.Fatalf("address file = %q, %v; want unix://%s", got, err, path)
+	}
+}
+
 func TestFastStartGroupsByTheContainerIDWithoutAnnotation(t *testing.T) {
-	socketDir = shortDir(t)
+	useDirs(t)
 	path := listen(t, "c1")
+	recorded(t, path, "unix://"+path)
 	bundle(t, `{}`)
 	if addr, ok := fastStart(startArgs); !ok || addr != "unix://"+path {
 		t.Fatalf("fastStart = %q, %v; want unix://%s, true", addr, ok, path)
@@ -104,13 +140,19 @@ func TestFastStartGroupsByTheContainerIDWithoutAnnotation(t *testing.T) {
 }
 
 func TestFastStartLeavesTheRestToTheRuncShim(t *testing.T) {
-	socketDir = shortDir(t)
-	listen(t, "outpost-1")
+	useDirs(t)
+	path := listen(t, "outpost-1")
+	recorded(t, path, "unix://"+path)
+	listen(t, "outpost-3")
+	other := listen(t, "outpost-4")
+	recorded(t, other, "unix://"+path)
 	for name, tc := range map[string]struct {
 		annotations string
 		args        []string
 	}{
 		"no shim for the group":   {`{"io.containerd.runc.v2.group":"outpost-2"}`, startArgs},
+		"a shim not recorded":     {`{"io.containerd.runc.v2.group":"outpost-3"}`, startArgs},
+		"a record of another":     {`{"io.containerd.runc.v2.group":"outpost-4"}`, startArgs},
 		"not a start":             {`{"io.containerd.runc.v2.group":"outpost-1"}`, append(append([]string{}, startArgs[:len(startArgs)-1]...), "delete")},
 		"no namespace":            {`{"io.containerd.runc.v2.group":"outpost-1"}`, startArgs[2:]},
 		"an unknown flag":         {`{"io.containerd.runc.v2.group":"outpost-1"}`, append([]string{"-new-flag"}, startArgs...)},
@@ -129,10 +171,71 @@ func TestFastStartLeavesTheRestToTheRuncShim(t *testing.T) {
 }
 
 func TestFastStartWithoutBundle(t *testing.T) {
-	socketDir = shortDir(t)
-	listen(t, "c1")
+	useDirs(t)
+	recorded(t, listen(t, "c1"), "unix://"+filepath.Join(socketDir, "x"))
 	t.Chdir(t.TempDir())
 	if _, ok := fastStart(startArgs); ok {
 		t.Fatal("fastStart answered without a config.json")
+	}
+}
+
+// fakeShim writes an executable script that stands for the runc shim: it
+// prints out and exits with code.
+func fakeShim(t *testing.T, out string, code int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "containerd-shim-runc-v2")
+	script := "#!/bin/sh\nprintf '%s' '" + out + "'\nexit " + strconv.Itoa(code) + "\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestStartAndRecordKeepsWhatTheRuncShimPrinted(t *testing.T) {
+	useDirs(t)
+	path := listen(t, "outpost-2")
+	other := filepath.Join(socketDir, "other")
+	params := `{"version":3,"address":"unix://` + path + `","protocol":"ttrpc"}`
+	for name, tc := range map[string]struct {
+		out    string
+		code   int
+		record bool
+	}{
+		"a JSON":                   {params, 0, true},
+		"an address":               {"unix://" + path, 0, true},
+		"a failed start":           {"unix://" + path, 3, false},
+		"the address of another":   {"unix://" + other, 0, false},
+		"nothing the shim printed": {"", 0, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := filepath.Join(recordDir, filepath.Base(path))
+			os.Remove(rec)
+			var stdout bytes.Buffer
+			if code := startAndRecord(&stdout, fakeShim(t, tc.out, tc.code), startArgs, path); code != tc.code {
+				t.Errorf("exit code %d, want %d", code, tc.code)
+			}
+			if stdout.String() != tc.out {
+				t.Errorf("printed %q, want %q", stdout.String(), tc.out)
+			}
+			got, err := os.ReadFile(rec)
+			switch {
+			case tc.record && (err != nil || string(got) != tc.out):
+				t.Errorf("record = %q, %v; want %q", got, err, tc.out)
+			case !tc.record && !os.IsNotExist(err):
+				t.Errorf("recorded %q, %v; want no record", got, err)
+			}
+		})
+	}
+	// What the next start of the group prints; the record of a shim
+	// whose socket is gone goes.
+	gone := filepath.Join(socketDir, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+	recorded(t, gone, "unix://"+gone)
+	startAndRecord(new(bytes.Buffer), fakeShim(t, params, 0), startArgs, path)
+	if _, err := os.Stat(filepath.Join(recordDir, filepath.Base(gone))); !os.IsNotExist(err) {
+		t.Errorf("the record of a shim whose socket is gone stays: %v", err)
+	}
+	bundle(t, `{"io.containerd.runc.v2.group":"outpost-2"}`)
+	if out, ok := fastStart(startArgs); !ok || out != params {
+		t.Fatalf("fastStart after the recorded start = %q, %v; want %s, true", out, ok, params)
 	}
 }
