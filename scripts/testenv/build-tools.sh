@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the pinned tools the end-to-end tests run: etcd, kube-apiserver,
 # kube-controller-manager, kubectl, metrics-server, distribution's OCI
-# registry, and nfpm for the package test
+# registry, containerd 2 with its runc shim (in a directory of their
+# own, so that the tests' containerd stays the distribution's 1.6
+# unless a test asks for 2), and nfpm for the package test
 # (scripts/packaging/tools.sh), from the Go module proxy, into a cache
 # directory outside the repository ($OUTPOST_TOOLS, default
 # /var/cache/outpost-testenv). A tool already present at its pinned
@@ -18,6 +20,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 REGISTRY_VERSION=${REGISTRY_VERSION:-v3.1.2}
 METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.8.0}
+CONTAINERD2_VERSION=${CONTAINERD2_VERSION:-v2.3.7}
 TOOLS=${OUTPOST_TOOLS:-/var/cache/outpost-testenv}
 BIN="$TOOLS/bin"
 mkdir -p "$BIN" "$TOOLS/src"
@@ -150,6 +153,26 @@ build_metrics_server() {
 	echo "$METRICS_SERVER_VERSION" >"$BIN/.metrics-server.version"
 }
 
+# build_containerd2 builds containerd 2 and its runc shim into
+# $TOOLS/containerd2/bin, for test/e2e's TestE2EContainerd2: the
+# containerd.io package installs 2.x, whose runc shim answers a start
+# differently from 1.6's.
+build_containerd2() {
+	local dir="$TOOLS/containerd2/bin"
+	if [[ "$(cat "$dir/.version" 2>/dev/null || true)" == "$CONTAINERD2_VERSION" && -x "$dir/containerd" && -x "$dir/containerd-shim-runc-v2" ]]; then
+		echo "testenv: containerd $CONTAINERD2_VERSION already built"
+		return
+	fi
+	echo "testenv: building containerd $CONTAINERD2_VERSION and its runc shim"
+	mkdir -p "$dir"
+	# No replace directives in containerd's go.mod: go install builds
+	# with the versions it pins. Without cgo, as the other tools.
+	GOBIN="$dir" go install -trimpath -ldflags '-s -w' -tags 'no_btrfs no_devmapper no_zfs' \
+		"github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD2_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD2_VERSION"
+	echo "$CONTAINERD2_VERSION" >"$dir/.version"
+}
+
 if [[ "${1:-}" == peers ]]; then
 	build_kube_cmd kube-proxy
 	build_kube_cmd kubelet
@@ -165,5 +188,6 @@ build_etcd
 build_kube
 build_metrics_server
 build_registry
+build_containerd2
 "$HERE/../packaging/tools.sh" >/dev/null
 echo "testenv: tools in $BIN"

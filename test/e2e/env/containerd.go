@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -29,9 +30,12 @@ type Containerd struct {
 	CgroupParent string
 
 	dir, cfgPath, bin string
-	netns             string
-	v1Only            bool
-	proc              *process
+	// binDir, when set, is put first in the daemon's PATH: where the
+	// runc shim of its version is.
+	binDir string
+	netns  string
+	v1Only bool
+	proc   *process
 	// first are what StopFirst registered, run before the daemon's
 	// cleanups.
 	first []func()
@@ -155,10 +159,30 @@ func startContainerd(t testing.TB, cri *CRIOptions) *Containerd {
 	return startContainerdAs(t, &Containerd{}, cri)
 }
 
+// StartContainerd2 starts a containerd as StartContainerd does, of
+// version 2 with its own runc shim (scripts/testenv/build-tools.sh builds
+// them under ToolsDir()/containerd2), and skips t when they are not
+// built.
+func StartContainerd2(t testing.TB) *Containerd {
+	t.Helper()
+	RequireRoot(t)
+	dir := filepath.Join(ToolsDir(), "containerd2", "bin")
+	c := &Containerd{bin: filepath.Join(dir, "containerd"), binDir: dir}
+	for _, name := range []string{"containerd", "containerd-shim-runc-v2"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Skipf("containerd 2 is not built in %s: run `make testenv` (as root): %v", dir, err)
+		}
+	}
+	return startContainerdAs(t, c, nil)
+}
+
 func startContainerdAs(t testing.TB, c *Containerd, cri *CRIOptions) *Containerd {
 	t.Helper()
 	RequireRoot(t)
-	bin := lookTool(t, "containerd")
+	bin := c.bin
+	if bin == "" {
+		bin = lookTool(t, "containerd")
+	}
 	// Unix socket paths are short (108 bytes): keep the dir near the root.
 	dir, err := os.MkdirTemp("", "outpost-ctrd-")
 	if err != nil {
@@ -215,7 +239,9 @@ state = %q
 	}
 	t.Cleanup(func() {
 		c.stopFirst()
+		sockets := c.shimSockets()
 		killByCmdline(c.Address) // shims name the daemon's socket
+		removeShimSockets(sockets)
 		killCgroup(c.CgroupParent)
 		if err := unmountUnder(dir); err != nil {
 			t.Errorf("containerd cleanup: %v", err)
@@ -246,6 +272,7 @@ state = %q
 		defer client.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		defer removeShimSockets(c.shimSockets())
 		if err := removeAll(ctx, client); err != nil {
 			t.Logf("containerd cleanup: %v", err)
 		}
@@ -257,6 +284,9 @@ state = %q
 func (c *Containerd) start(t testing.TB) *containerd.Client {
 	t.Helper()
 	args := []string{c.bin, "--config", c.cfgPath, "--log-level", "warn"}
+	if c.binDir != "" {
+		args = append([]string{"env", "PATH=" + c.binDir + ":" + os.Getenv("PATH")}, args...)
+	}
 	if c.v1Only && HybridCgroups() {
 		args = append([]string{"unshare", "--mount", "--propagation", "slave", "--",
 			"sh", "-c", `umount /sys/fs/cgroup/unified && exec "$0" "$@"`}, args...)
@@ -300,9 +330,12 @@ func (c *Containerd) PowerCut(t testing.TB) {
 // containerd starts again: to wipe what else a reboot wipes.
 func (c *Containerd) PowerCutThen(t testing.TB, reboot func()) {
 	t.Helper()
+	sockets := c.shimSockets()
 	syscall.Kill(-c.proc.cmd.Process.Pid, syscall.SIGKILL)
 	<-c.proc.done
 	killContainers(c.Address, c.CgroupParent)
+	// A reboot empties /run, where the shims killed left their sockets.
+	removeShimSockets(sockets)
 	if err := ResetTmpfs(c.State); err != nil {
 		t.Fatalf("power cut: %v", err)
 	}
@@ -315,8 +348,40 @@ func (c *Containerd) PowerCutThen(t testing.TB, reboot func()) {
 		defer cl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		defer removeShimSockets(c.shimSockets())
 		removeAll(ctx, cl)
 	})
+}
+
+// shimSocketRE matches the address of a runc shim's socket.
+var shimSocketRE = regexp.MustCompile(`unix://(/run/containerd/s/[0-9a-f]{64})`)
+
+// shimSockets returns the sockets of the daemon's task shims, as their
+// bundles name them (address, written by the runc shim of containerd 1.6
+// and 1.7 and by outpost's shim start, and bootstrap.json, by containerd
+// 2): the runc shim makes them under /run/containerd/s, whichever
+// containerd runs it, and removes them only when it exits cleanly.
+func (c *Containerd) shimSockets() []string {
+	var sockets []string
+	for _, name := range []string{"address", "bootstrap.json"} {
+		files, _ := filepath.Glob(filepath.Join(c.State, "io.containerd.runtime.v2.task", "*", "*", name))
+		for _, f := range files {
+			b, _ := os.ReadFile(f)
+			for _, m := range shimSocketRE.FindAllSubmatch(b, -1) {
+				sockets = append(sockets, string(m[1]))
+			}
+		}
+	}
+	return sockets
+}
+
+// removeShimSockets removes sockets, and what outpost's shim start
+// recorded of each (cmd/containerd-shim-outpost-v2).
+func removeShimSockets(sockets []string) {
+	for _, s := range sockets {
+		os.Remove(s)
+		os.Remove(filepath.Join("/run/outpost/shim-start", filepath.Base(s)))
+	}
 }
 
 // Restart stops the daemon alone, with SIGKILL when crash is set or else
