@@ -17,6 +17,10 @@
 // that prints; anything else (delete, a flag it does not know) it execs
 // containerd-shim-runc-v2 with. The runc shim stays the one that runs
 // the containers.
+//
+// For containerd 1.6 and 1.7's runc shim, it starts a group's shim itself
+// (ownstart.go), as the runc shim's start would, but with GOMAXPROCS 1:
+// that start gives its shims 4, whatever their environment says.
 package main
 
 import (
@@ -63,7 +67,7 @@ func main() {
 		os.Exit(1)
 	}
 	if socket, ok := startSocket(args); ok {
-		os.Exit(startAndRecord(os.Stdout, path, args, socket))
+		os.Exit(start(os.Stdout, os.Stdin, path, args, socket))
 	}
 	err = syscall.Exec(path, append([]string{path}, args...), os.Environ())
 	fmt.Fprintf(os.Stderr, "containerd-shim-outpost-v2: exec %s: %v\n", path, err)
@@ -90,14 +94,39 @@ func fastStart(args []string) (string, bool) {
 	return string(rec), true
 }
 
-// startAndRecord runs the runc shim at path with args, a start whose
-// group's shim listens on socket, copies what it prints to stdout and
-// records it when the start succeeds and it names the socket. It returns
-// the exit code.
-func startAndRecord(stdout io.Writer, path string, args []string, socket string) int {
+// start answers a start that fastStart did not, for the runc shim at
+// path, the group's shim to listen on socket and containerd's runtime
+// options on stdin: by ownStart where the runc shim allows, else by the
+// runc shim's start (startAndRecord). It records the answer for the fast
+// starts after it, and returns the exit code.
+func start(stdout io.Writer, stdin io.Reader, path string, args []string, socket string) int {
+	opts, err := io.ReadAll(stdin)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "containerd-shim-outpost-v2: read options: %v\n", err)
+		return 1
+	}
+	if !ownStartable(path, opts) {
+		return startAndRecord(stdout, bytes.NewReader(opts), path, args, socket)
+	}
+	flags, _, _ := parse(args)
+	addr, err := ownStart(path, flags, socket)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", flags["id"], err)
+		return 1
+	}
+	keep(socket, []byte(addr))
+	io.WriteString(stdout, addr)
+	return 0
+}
+
+// startAndRecord runs the runc shim at path with args and stdin, a start
+// whose group's shim listens on socket, copies what it prints to stdout
+// and records it when the start succeeds and it names the socket. It
+// returns the exit code.
+func startAndRecord(stdout io.Writer, stdin io.Reader, path string, args []string, socket string) int {
 	var out bytes.Buffer
 	cmd := exec.Command(path, args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, &out, os.Stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, &out, os.Stderr
 	err := cmd.Run()
 	stdout.Write(out.Bytes())
 	if err != nil {
@@ -108,12 +137,17 @@ func startAndRecord(stdout io.Writer, path string, args []string, socket string)
 		return 1
 	}
 	if bytes.Contains(out.Bytes(), []byte("unix://"+socket)) {
-		// Not recorded, the next start of the group goes to the runc
-		// shim again: slower, never wrong.
-		record(filepath.Join(recordDir, filepath.Base(socket)), out.Bytes())
-		prune(recordDir)
+		keep(socket, out.Bytes())
 	}
 	return 0
+}
+
+// keep records out as the answer of the start of the shim on socket, and
+// prunes the records of shims gone. Not recorded, the next start of the
+// group goes to the runc shim again: slower, never wrong.
+func keep(socket string, out []byte) {
+	record(filepath.Join(recordDir, filepath.Base(socket)), out)
+	prune(recordDir)
 }
 
 // prune removes the records in dir of shims whose sockets are gone: a

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -211,7 +212,7 @@ func TestStartAndRecordKeepsWhatTheRuncShimPrinted(t *testing.T) {
 			rec := filepath.Join(recordDir, filepath.Base(path))
 			os.Remove(rec)
 			var stdout bytes.Buffer
-			if code := startAndRecord(&stdout, fakeShim(t, tc.out, tc.code), startArgs, path); code != tc.code {
+			if code := startAndRecord(&stdout, strings.NewReader(""), fakeShim(t, tc.out, tc.code), startArgs, path); code != tc.code {
 				t.Errorf("exit code %d, want %d", code, tc.code)
 			}
 			if stdout.String() != tc.out {
@@ -230,7 +231,7 @@ func TestStartAndRecordKeepsWhatTheRuncShimPrinted(t *testing.T) {
 	// whose socket is gone goes.
 	gone := filepath.Join(socketDir, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
 	recorded(t, gone, "unix://"+gone)
-	startAndRecord(new(bytes.Buffer), fakeShim(t, params, 0), startArgs, path)
+	startAndRecord(new(bytes.Buffer), strings.NewReader(""), fakeShim(t, params, 0), startArgs, path)
 	if _, err := os.Stat(filepath.Join(recordDir, filepath.Base(gone))); !os.IsNotExist(err) {
 		t.Errorf("the record of a shim whose socket is gone stays: %v", err)
 	}
