@@ -25,6 +25,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -52,8 +53,9 @@ var groupAnnotations = []string{"io.containerd.runc.v2.group", "io.kubernetes.cr
 
 // recordDir holds what the runc shim's start printed for each group shim
 // it started through this command, named as the shim's socket. On /run,
-// so gone at a reboot with the shims. A variable for the tests.
-var recordDir = "/run/outpost/shim-start"
+// so gone at a reboot with the shims. $OUTPOST_SHIM_RECORDS, in
+// containerd's environment, puts it elsewhere (the tests' containerd).
+var recordDir = cmp.Or(os.Getenv("OUTPOST_SHIM_RECORDS"), "/run/outpost/shim-start")
 
 func main() {
 	args := os.Args[1:]

@@ -283,9 +283,9 @@ state = %q
 // start runs the daemon and waits until it answers.
 func (c *Containerd) start(t testing.TB) *containerd.Client {
 	t.Helper()
-	args := []string{c.bin, "--config", c.cfgPath, "--log-level", "warn"}
+	args := []string{"env", "OUTPOST_SHIM_RECORDS=" + c.shimRecords(), c.bin, "--config", c.cfgPath, "--log-level", "warn"}
 	if c.binDir != "" {
-		args = append([]string{"env", "PATH=" + c.binDir + ":" + os.Getenv("PATH")}, args...)
+		args = append(args[:2:2], append([]string{"PATH=" + c.binDir + ":" + os.Getenv("PATH")}, args[2:]...)...)
 	}
 	if c.v1Only && HybridCgroups() {
 		args = append([]string{"unshare", "--mount", "--propagation", "slave", "--",
@@ -334,8 +334,10 @@ func (c *Containerd) PowerCutThen(t testing.TB, reboot func()) {
 	syscall.Kill(-c.proc.cmd.Process.Pid, syscall.SIGKILL)
 	<-c.proc.done
 	killContainers(c.Address, c.CgroupParent)
-	// A reboot empties /run, where the shims killed left their sockets.
+	// A reboot empties /run, where the shims killed left their sockets,
+	// and what outpost's shim start recorded.
 	removeShimSockets(sockets)
+	os.RemoveAll(c.shimRecords())
 	if err := ResetTmpfs(c.State); err != nil {
 		t.Fatalf("power cut: %v", err)
 	}
@@ -375,14 +377,17 @@ func (c *Containerd) shimSockets() []string {
 	return sockets
 }
 
-// removeShimSockets removes sockets, and what outpost's shim start
-// recorded of each (cmd/containerd-shim-outpost-v2).
+// removeShimSockets removes sockets.
 func removeShimSockets(sockets []string) {
 	for _, s := range sockets {
 		os.Remove(s)
-		os.Remove(filepath.Join("/run/outpost/shim-start", filepath.Base(s)))
 	}
 }
+
+// shimRecords is where outpost's shim start (cmd/containerd-shim-outpost-v2)
+// keeps its records for the daemon's shims, in place of
+// /run/outpost/shim-start: the daemon's environment says so.
+func (c *Containerd) shimRecords() string { return filepath.Join(c.dir, "shim-start") }
 
 // Restart stops the daemon alone, with SIGKILL when crash is set or else
 // SIGTERM (as `systemctl restart containerd`), and starts it again on the
