@@ -44,6 +44,7 @@ func TestE2EContainerd2(t *testing.T) {
 	}
 	waitAll("running")
 	n.checkShimStart(t)
+	n.checkShimProcs(t)
 	n.checkTaskAPIVersion(t, 3)
 
 	n.powerCut(t)

@@ -83,6 +83,7 @@ func TestE2EStaticPodLifecycle(t *testing.T) {
 		t.Fatalf("fetch from pod IP: %v: %q", err, out)
 	}
 	n.checkShimStart(t)
+	n.checkShimProcs(t)
 
 	n.waitPod("crash-e2e-life", 60*time.Second, "restarted and backing off", func(p *agent.PodInfo) bool {
 		c := p.Status.ContainerStatuses[0]
@@ -356,5 +357,43 @@ func (n *node) checkShimStart(t *testing.T) {
 		if err != nil || string(got) != want {
 			t.Errorf("task %s: runtime binary %q (%v), want %s", id, got, err, want)
 		}
+	}
+}
+
+// checkShimProcs checks that the runc shims serving the node's
+// containerd run with GOMAXPROCS 1 when it is containerd 1.6 or 1.7:
+// containerd-shim-outpost-v2 starts their runc shims so, where their
+// own start gives 4 (2's runc shim starts its own).
+func (n *node) checkShimProcs(t *testing.T) {
+	t.Helper()
+	gomaxprocs := ""
+	if v := strings.TrimPrefix(n.ctrd.Version, "v"); strings.HasPrefix(v, "1.6.") || strings.HasPrefix(v, "1.7.") {
+		gomaxprocs = "1"
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	shims := 0
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p)
+		args := strings.Split(string(cmdline), "\x00")
+		if err != nil || !strings.HasSuffix(args[0], "containerd-shim-runc-v2") || !slices.Contains(args, n.ctrd.Address) {
+			continue
+		}
+		shims++
+		environ, err := os.ReadFile(filepath.Join(filepath.Dir(p), "environ"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		var got string
+		for _, kv := range strings.Split(string(environ), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "GOMAXPROCS="); ok {
+				got = v // the last one counts
+			}
+		}
+		if gomaxprocs != "" && got != gomaxprocs {
+			t.Errorf("runc shim %s %q: GOMAXPROCS=%s, want %s", filepath.Base(filepath.Dir(p)), args, got, gomaxprocs)
+		}
+	}
+	if shims == 0 {
+		t.Error("no runc shim serves the node's containerd")
 	}
 }
