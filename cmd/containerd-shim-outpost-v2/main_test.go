@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -180,18 +179,6 @@ func TestFastStartWithoutBundle(t *testing.T) {
 	}
 }
 
-// fakeShim writes an executable script that stands for the runc shim: it
-// prints out and exits with code.
-func fakeShim(t *testing.T, out string, code int) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "containerd-shim-runc-v2")
-	script := "#!/bin/sh\nprintf '%s' '" + out + "'\nexit " + strconv.Itoa(code) + "\n"
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 func TestStartAndRecordKeepsWhatTheRuncShimPrinted(t *testing.T) {
 	useDirs(t)
 	path := listen(t, "outpost-2")
@@ -212,7 +199,8 @@ func TestStartAndRecordKeepsWhatTheRuncShimPrinted(t *testing.T) {
 			rec := filepath.Join(recordDir, filepath.Base(path))
 			os.Remove(rec)
 			var stdout bytes.Buffer
-			if code := startAndRecord(&stdout, strings.NewReader(""), fakeShim(t, tc.out, tc.code), startArgs, path); code != tc.code {
+			shim, _ := fakeRuncShim(t, "", tc.out, tc.code)
+			if code := startAndRecord(&stdout, strings.NewReader(""), shim, startArgs, path); code != tc.code {
 				t.Errorf("exit code %d, want %d", code, tc.code)
 			}
 			if stdout.String() != tc.out {
@@ -231,7 +219,8 @@ func TestStartAndRecordKeepsWhatTheRuncShimPrinted(t *testing.T) {
 	// whose socket is gone goes.
 	gone := filepath.Join(socketDir, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
 	recorded(t, gone, "unix://"+gone)
-	startAndRecord(new(bytes.Buffer), strings.NewReader(""), fakeShim(t, params, 0), startArgs, path)
+	shim, _ := fakeRuncShim(t, "", params, 0)
+	startAndRecord(new(bytes.Buffer), strings.NewReader(""), shim, startArgs, path)
 	if _, err := os.Stat(filepath.Join(recordDir, filepath.Base(gone))); !os.IsNotExist(err) {
 		t.Errorf("the record of a shim whose socket is gone stays: %v", err)
 	}

@@ -66,10 +66,10 @@ func TestParseVersion(t *testing.T) {
 
 // fakeRuncShim writes a script standing for a runc shim of version:
 // asked -v, it says its version and counts the question in DIR/asked; as
-// a start, it prints answer; as a daemon, it writes its arguments,
-// GOMAXPROCS, what its file descriptor 3 is and its OOM score to
-// DIR/daemon, then waits a little.
-func fakeRuncShim(t *testing.T, version, answer string) (path, dir string) {
+// a start, it prints answer and exits with code; as a daemon, it writes
+// its arguments, GOMAXPROCS, what its file descriptor 3 is and its OOM
+// score to DIR/daemon, then waits a little.
+func fakeRuncShim(t *testing.T, version, answer string, code int) (path, dir string) {
 	t.Helper()
 	dir = t.TempDir()
 	path = filepath.Join(dir, "containerd-shim-runc-v2")
@@ -78,11 +78,11 @@ case "$1" in
 -v) echo x >> %[1]s/asked; printf 'containerd-shim-runc-v2:\n  Version:  %[2]s\n'; exit 0;;
 esac
 for a; do last=$a; done
-if [ "$last" = start ]; then printf '%%s' '%[3]s'; exit 0; fi
+if [ "$last" = start ]; then printf '%%s' '%[3]s'; exit %[4]d; fi
 { echo "$*"; echo "GOMAXPROCS=$GOMAXPROCS"; readlink /proc/self/fd/3; cat /proc/self/oom_score_adj; } > %[1]s/daemon.tmp
 mv %[1]s/daemon.tmp %[1]s/daemon
 sleep 1
-`, dir, version, answer)
+`, dir, version, answer, code)
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func daemonSaw(t *testing.T, dir string) []string {
 
 func TestShimVersionAsksOncePerBinary(t *testing.T) {
 	recordDir = t.TempDir()
-	path, dir := fakeRuncShim(t, "1.7.24~ds1", "")
+	path, dir := fakeRuncShim(t, "1.7.24~ds1", "", 0)
 	for range 3 {
 		if v := shimVersion(path); v != "1.7.24~ds1" {
 			t.Fatalf("shimVersion = %q, want 1.7.24~ds1", v)
@@ -117,7 +117,7 @@ func TestShimVersionAsksOncePerBinary(t *testing.T) {
 		t.Fatalf("asked %d times, want once", n)
 	}
 	// Another binary at the same path: an upgrade.
-	path2, _ := fakeRuncShim(t, "2.3.7", "")
+	path2, _ := fakeRuncShim(t, "2.3.7", "", 0)
 	b, _ := os.ReadFile(path2)
 	if err := os.WriteFile(path+".new", b, 0o755); err != nil {
 		t.Fatal(err)
@@ -133,7 +133,7 @@ func TestShimVersionAsksOncePerBinary(t *testing.T) {
 func TestStartStartsTheShimOf16ItselfWithOneP(t *testing.T) {
 	useDirs(t)
 	bundle(t, `{"io.containerd.runc.v2.group":"outpost-1"}`)
-	path, dir := fakeRuncShim(t, "1.6.20~ds1", "unix:///wrong")
+	path, dir := fakeRuncShim(t, "1.6.20~ds1", "unix:///wrong", 0)
 	socket, _ := startSocket(startArgs)
 	var out bytes.Buffer
 	if code := start(&out, bytes.NewReader(runcOptions(t, &runcoptions.Options{BinaryName: "crun"})), path, startArgs, socket); code != 0 {
@@ -204,7 +204,7 @@ func TestStartLeavesOtherShimsTheirOwnStart(t *testing.T) {
 			bundle(t, `{"io.containerd.runc.v2.group":"outpost-1"}`)
 			socket, _ := startSocket(startArgs)
 			answer := `{"version":3,"address":"unix://` + socket + `","protocol":"ttrpc"}`
-			path, dir := fakeRuncShim(t, tc.version, answer)
+			path, dir := fakeRuncShim(t, tc.version, answer, 0)
 			var opts []byte
 			if tc.opts != nil {
 				opts = runcOptions(t, tc.opts)
@@ -227,7 +227,7 @@ func TestOwnStartAnswersForARunningShim(t *testing.T) {
 	useDirs(t)
 	bundle(t, `{}`)
 	socket := listen(t, "c1")
-	path, dir := fakeRuncShim(t, "1.6.20~ds1", "")
+	path, dir := fakeRuncShim(t, "1.6.20~ds1", "", 0)
 	flags, _, _ := parse(startArgs)
 	addr, err := ownStart(path, flags, socket)
 	if err != nil || addr != "unix://"+socket {
@@ -246,7 +246,7 @@ func TestOwnStartReplacesADeadShimsSocket(t *testing.T) {
 	if err := os.WriteFile(socket, nil, 0o600); err != nil { // left by a shim killed
 		t.Fatal(err)
 	}
-	path, dir := fakeRuncShim(t, "1.6.20~ds1", "")
+	path, dir := fakeRuncShim(t, "1.6.20~ds1", "", 0)
 	flags, _, _ := parse(startArgs)
 	if _, err := ownStart(path, flags, socket); err != nil {
 		t.Fatalf("ownStart over a dead shim's socket: %v", err)
