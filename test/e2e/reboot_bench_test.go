@@ -294,15 +294,13 @@ func rebootContainerd(b *testing.B, started, ociRuntime string, tasksOnly bool) 
 		for i := range peersPods {
 			wg.Go(func() {
 				id := fmt.Sprintf("boot-%02d-%d", i, round)
-				group := fmt.Sprintf("outpost-%d", i%groups)
-				if tasksOnly && round > 0 {
-					id = fmt.Sprintf("boot-%02d-0", i)
-				}
 				var c client.Container
 				var err error
 				if tasksOnly && round > 0 {
+					id = fmt.Sprintf("boot-%02d-0", i) // the boot before's
 					c, err = cl.LoadContainer(ctx, id)
 				} else {
+					group := fmt.Sprintf("outpost-%d", i%groups)
 					c, err = cl.NewContainer(ctx, id,
 						client.WithSnapshotter("overlayfs"),
 						client.WithNewSnapshot(id, img),
