@@ -54,6 +54,10 @@ type PodConfig struct {
 	// CgroupParent holds the pods' cgroups, pod<UID> each (default
 	// /outpost).
 	CgroupParent string
+	// SpareAfter is how long a container runs before its worker makes
+	// its next attempt's container ahead, a spare (see spare.go); 0
+	// makes none.
+	SpareAfter time.Duration
 }
 
 // PodDeps are the pod manager's collaborators; Runtime, Store, Clock and

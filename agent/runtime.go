@@ -35,6 +35,10 @@ type Runtime interface {
 	// Exec runs cmd in a running container and returns its exit code and
 	// combined output (at most 64 KiB).
 	Exec(ctx context.Context, id string, cmd []string) (int, []byte, error)
+	// SpareKey names what shapes a container Create makes besides its
+	// ContainerSpec (the runtime's own settings). A spare made under
+	// another key is not what Create would make now, and is not used.
+	SpareKey() string
 	// Exits delivers the ID of each container whose process exited, until
 	// ctx ends. An empty ID means events may have been lost (the runtime
 	// was reconnected): every pod should look at its containers again.
@@ -74,6 +78,10 @@ const (
 	LabelLogPath      = "io.outpost.container.log"
 	LabelStartedAt    = "io.outpost.container.started"
 	LabelImageRef     = "io.outpost.container.image"
+	// LabelSpare marks a container made ahead for its container's next
+	// attempt and not started (a spare, see makeSpares); its value is
+	// the key of the spec and runtime it was made from (spareKey).
+	LabelSpare = "io.outpost.container.spare"
 	// LabelGracePeriod keeps the pod's termination grace period in
 	// seconds, so a container whose pod is gone (removed while the agent
 	// was down) still stops with it.

@@ -94,7 +94,12 @@ type worker struct {
 	pulls       map[string]*pullState // image pull backoff by image
 	checked     *corev1.Pod           // the pod badSpec was computed for
 	badSpec     rejection             // why checked must not be run; no reason if it may
-	log         *slog.Logger
+	// spares are the containers' spares from the last list, by
+	// container name; noSpare the attempt whose spare could not be made,
+	// not tried again (see makeSpare).
+	spares  map[string]Container
+	noSpare map[string]string
+	log     *slog.Logger
 }
 
 // probeSet is the probe workers of one running container.
@@ -210,6 +215,7 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 		return 2 * time.Second, false
 	}
 	byName := groupAttempts(cs)
+	w.spares = sparesOf(cs)
 	if w.startTime.IsZero() {
 		w.startTime = metav1.NewTime(w.m.clock.Now().Truncate(time.Second))
 		for _, c := range cs {
@@ -269,7 +275,11 @@ func (w *worker) sync(ctx context.Context) (next time.Duration, done bool) {
 	cs, err = w.m.rt.List(ctx, w.uid)
 	if err == nil {
 		byName = groupAttempts(cs)
+		w.spares = sparesOf(cs)
 		w.gc(ctx, byName)
+		if w.getState() == LifecycleRunning {
+			next = earliest(next, w.makeSpares(ctx, pod, byName))
+		}
 	}
 	if started && (err != nil || !w.probeStarted(ctx, pod, byName)) {
 		next = earliest(next, 50*time.Millisecond) // look again at once
@@ -362,9 +372,14 @@ func (w *worker) getState() Lifecycle {
 // attempts is a container's attempts, newest first.
 type attempts []Container
 
+// groupAttempts groups the pod's containers by name, newest attempt
+// first, leaving out the spares: a spare is not an attempt until started.
 func groupAttempts(cs []Container) map[string]attempts {
 	out := map[string]attempts{}
 	for _, c := range cs {
+		if isSpare(c) {
+			continue
+		}
 		name := c.Labels[LabelContainer]
 		out[name] = append(out[name], c)
 	}
@@ -661,9 +676,16 @@ func (w *worker) startAttempt(ctx context.Context, pod *corev1.Pod, c *corev1.Co
 		w.failed(pod, c, "CreateContainerConfigError", err)
 		return 10 * time.Second
 	}
-	if err := w.m.rt.Create(ctx, spec); err != nil && !errors.Is(err, ErrExists) {
+	useSpare, err := w.useSpare(ctx, c.Name, spec)
+	if err != nil {
 		w.failed(pod, c, "CreateContainerError", err)
 		return 5 * time.Second
+	}
+	if !useSpare {
+		if err := w.m.rt.Create(ctx, spec); err != nil && !errors.Is(err, ErrExists) {
+			w.failed(pod, c, "CreateContainerError", err)
+			return 5 * time.Second
+		}
 	}
 	if err := w.m.rt.Start(ctx, spec.ID); err != nil {
 		w.failed(pod, c, "RunContainerError", err)

@@ -107,6 +107,8 @@ type harness struct {
 	cgroups agent.PodCgroups
 	// teardown, when set before start, is the manager's TeardownVolumes.
 	teardown func(podUID string) error
+	// spareAfter, when set before start, is the manager's SpareAfter.
+	spareAfter time.Duration
 }
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -137,6 +139,7 @@ func (h *harness) start() {
 	cfg := agent.PodConfig{
 		NodeName: "n1", HostIP: "192.0.2.10", ClusterDNS: "10.96.0.10", ClusterDomain: "cluster.local",
 		PodsDir: filepath.Join(h.dir, "pods"), LogDir: filepath.Join(h.dir, "logs"),
+		SpareAfter: h.spareAfter,
 	}
 	deps := agent.PodDeps{Runtime: h.rt, Rand: func(int64) int64 { return 0 }, RefreshVolumes: h.refresh, Cgroups: h.cgroups, TeardownVolumes: h.teardown}
 	h.m = agent.NewPodManager(cfg, deps, h.st, h.clk, slog.New(slog.NewTextHandler(h.t.Output(), nil)))

@@ -95,7 +95,10 @@ type Config struct {
 	// specs declare: the runtime-spec version OCIRuntime implements, as
 	// its --version says, where the client's own may be one it refuses.
 	SpecVersion string
-	Log         crilog.Options
+	// AgentVersion is the agent's version, part of SpareKey: another
+	// build may make its containers differently.
+	AgentVersion string
+	Log          crilog.Options
 }
 
 // Deps are the adapter's collaborators.
@@ -156,7 +159,9 @@ type Runtime struct {
 }
 
 // fresh is a container as Create recorded it: the record containerd
-// returned and the mounts of its snapshot. Its Start needs nothing else,
+// returned and the mounts of its snapshot (or, for a container never
+// started that Prime's listing found, its record with no mounts, which
+// the start reads). Its Start needs nothing else,
 // where a container of an earlier agent is read from containerd again
 // (its record, its snapshot's mounts, and a task it may have left):
 // after a power cut that is four calls fewer for each of 30 containers,
@@ -164,6 +169,17 @@ type Runtime struct {
 type fresh struct {
 	c      *ctrd.Container
 	rootfs []mount.Mount
+}
+
+// noteCreated keeps c, listed with no task and never started, for its
+// Start, as Create keeps what it made; the mounts of its snapshot are
+// the Start's to read.
+func (r *Runtime) noteCreated(c *ctrd.Container) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.created[c.ID()]; !ok {
+		r.created[c.ID()] = fresh{c: c.WithoutSpec()}
+	}
 }
 
 // takeCreated returns and forgets what Create left of container id.
@@ -567,6 +583,13 @@ func (r *Runtime) Create(ctx context.Context, s agent.ContainerSpec) error {
 		return fmt.Errorf("create %s: %w", s.ID, err)
 	}
 	return nil
+}
+
+// SpareKey names the settings that shape the containers Create makes
+// besides their spec: the agent's version, the snapshotter, the shim
+// groups and the spec version. The OCI runtime is the start's.
+func (r *Runtime) SpareKey() string {
+	return fmt.Sprintf("outpost %s; snapshotter %s; shim groups %d; spec %s", r.cfg.AgentVersion, r.cfg.Snapshotter, r.cfg.ShimGroups, r.cfg.SpecVersion)
 }
 
 // shimGroupAnnotation makes the runc shim serve every container whose
@@ -1209,6 +1232,11 @@ func (r *Runtime) List(ctx context.Context, podUID string) ([]agent.Container, e
 				}
 				r.writeBehind(c.ID(), lost)
 				ac.Labels = r.withPending(c.ID(), info.Labels)
+			} else if primed != nil {
+				// Never started (a spare, or a create cut short), and
+				// listed at the agent's start with no task: its Start
+				// needs neither the record nor a look for a task again.
+				r.noteCreated(c)
 			}
 		default:
 			return nil, fmt.Errorf("list containers: %s: %w", c.ID(), terr)

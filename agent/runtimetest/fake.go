@@ -63,6 +63,7 @@ type Fake struct {
 	sigterm    map[string]bool // IDs whose process exits on SIGTERM
 	subs       []chan string
 	calls      []string
+	spareKey   string
 }
 
 type container struct {
@@ -281,7 +282,8 @@ func (f *Fake) Containers() []agent.Container {
 
 // Dump returns the containers, one a line, sorted by ID:
 // "ID STATE attempt=N", then " tty", " stdin" and " stdinOnce" for what
-// its spec asks, and " exit=CODE" (and the reason, if any) once exited.
+// its spec asks, " spare" for one made as a spare (agent.LabelSpare),
+// and " exit=CODE" (and the reason, if any) once exited.
 func (f *Fake) Dump() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -297,6 +299,9 @@ func (f *Fake) Dump() string {
 		}
 		if spec.StdinOnce {
 			b.WriteString(" stdinOnce")
+		}
+		if c.Labels[agent.LabelSpare] != "" {
+			b.WriteString(" spare")
 		}
 		if c.State == agent.StateExited {
 			fmt.Fprintf(&b, " exit=%d", c.ExitCode)
@@ -344,6 +349,24 @@ func (f *Fake) EnsureImage(_ context.Context, ref string, policy corev1.PullPoli
 	}
 	sum := sha256.Sum256([]byte(ref))
 	return agent.Image{Ref: ref, ID: ref + "@sha256:" + hex.EncodeToString(sum[:]), Pulled: pulled}, nil
+}
+
+// SpareKey returns the key set by SetSpareKey, "fake" until then.
+func (f *Fake) SpareKey() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.spareKey == "" {
+		return "fake"
+	}
+	return f.spareKey
+}
+
+// SetSpareKey sets what SpareKey returns, as a runtime whose settings
+// changed.
+func (f *Fake) SetSpareKey(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.spareKey = key
 }
 
 // Create records a created container. Its image must be present.

@@ -63,6 +63,11 @@ const (
 // 2-core machine (docs/testing.md), and a 4-core board has more to lose.
 const agentMaxProcs = 1
 
+// spareAfter is how long a container runs before the agent makes its next
+// attempt's container ahead (agent/spare.go): past a start's burst, and
+// past a container that ends at once.
+const spareAfter = 10 * time.Second
+
 // trimQuiet is how long the desired pods go unchanged (after the agent's
 // start, or their last change) before the agent gives back the memory
 // the busy time touched (internal/memtrim).
@@ -138,6 +143,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer) error {
 			LogDir:         cfg.LogDir,
 			MemoryCapacity: memTotal(),
 			CgroupParent:   cfg.Containerd.CgroupParent,
+			SpareAfter:     spareAfter,
 		},
 	}
 	deps := agent.Deps{Store: st, Clock: clk, Log: log, BoardHealth: func() arm.Readings { return arm.Health("/") }}
@@ -325,7 +331,7 @@ func connectRuntime(ctx context.Context, cfg config.Config, oci ociRuntime, clk 
 		rt, err := ctrd.New(cctx, ctrd.Config{
 			Address: cfg.Containerd.Address, Namespace: cfg.Containerd.Namespace,
 			FIFODir: filepath.Join(cfg.RunDir, "fifo"), ShimGroups: cfg.Containerd.ShimGroups, ShimStart: shim,
-			OCIRuntime: oci.path, SpecVersion: oci.specVersion,
+			OCIRuntime: oci.path, SpecVersion: oci.specVersion, AgentVersion: version,
 			Log: crilog.Options{MaxBytes: cfg.ContainerLogMaxBytes(), MaxFiles: cfg.ContainerLogMaxFiles},
 		}, ctrd.Deps{Clock: clk, Log: log})
 		cancel()

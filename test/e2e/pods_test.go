@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/outpost-edge/outpost/agent"
@@ -323,6 +325,73 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 	if err != nil || !strings.Contains(out, "hello from outpost") {
 		t.Fatalf("fetch after power cut: %v: %q", err, out)
 	}
+}
+
+// TestE2EPowerCutStartsTheSpares runs the pods until the agent has made
+// each container's next attempt ahead (a spare, agent/spare.go), cuts the
+// power, and checks that the agent started again brings the pods back on
+// their spares, reachable in their networks, logging, and that each gets
+// a spare again.
+func TestE2EPowerCutStartsTheSpares(t *testing.T) {
+	n := newNode(t, "e2e-spare")
+	n.write("web.yaml", webPod)
+	n.write("sensor.yaml", sensorPod)
+	n.start()
+	web := n.waitPod("web-e2e-spare", 60*time.Second, "ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	n.waitPod("sensor-e2e-spare", 60*time.Second, "running", running)
+	ip := web.Status.PodIP
+	spares := n.waitSpares(t, 2)
+	for _, id := range spares {
+		if !strings.HasSuffix(id, "-1") {
+			t.Fatalf("spares %q: want each one of attempt 1", spares)
+		}
+	}
+
+	n.powerCut(t)
+	n.start()
+	web = n.waitPod("web-e2e-spare", 60*time.Second, "back and ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	sensor := n.waitPod("sensor-e2e-spare", 60*time.Second, "back", running)
+	for _, p := range []*agent.PodInfo{web, sensor} {
+		c := p.Status.ContainerStatuses[0]
+		if id := strings.TrimPrefix(c.ContainerID, "containerd://"); !slices.Contains(spares, id) || c.RestartCount != 1 {
+			t.Errorf("pod %s runs %s (restarts %d) after the power cut, want one of the spares %q (restarts 1)", p.Name, c.ContainerID, c.RestartCount, spares)
+		}
+	}
+	if out, err := n.fetch("http://" + ip + ":8080/"); err != nil || !strings.Contains(out, "hello from outpost") {
+		t.Fatalf("fetch after power cut: %v: %q", err, out)
+	}
+	n.waitLogs("sensor-e2e-spare", 10*time.Second, "started on e2e-spare")
+	// The attempts started from the spares get theirs in turn.
+	for _, id := range n.waitSpares(t, 2) {
+		if !strings.HasSuffix(id, "-2") {
+			t.Fatalf("spares after the power cut %q: want each one of attempt 2", id)
+		}
+	}
+}
+
+// waitSpares waits, for at most 30 s, until the node's containerd holds
+// want spares (never started, with the agent's spare label) and returns
+// their IDs.
+func (n *node) waitSpares(t *testing.T, want int) []string {
+	t.Helper()
+	cl := n.ctrd.Client(t, n.ns)
+	var ids []string
+	within(30*time.Second).For(t, fmt.Sprintf("%d spares", want), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(namespacesCtx(context.Background(), n.ns), 10*time.Second)
+		defer cancel()
+		cs, err := cl.Containers(ctx, fmt.Sprintf("labels.%q", agent.LabelSpare))
+		if err != nil {
+			return false, err.Error()
+		}
+		ids = ids[:0]
+		for _, c := range cs {
+			if _, err := c.Task(ctx, nil); errdefs.IsNotFound(err) {
+				ids = append(ids, c.ID())
+			}
+		}
+		return len(ids) == want, fmt.Sprintf("%q", ids)
+	})
+	return ids
 }
 
 // powerCut kills the agent and cuts the node's power: containerd, its

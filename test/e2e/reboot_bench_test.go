@@ -24,6 +24,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -146,6 +147,22 @@ func waitStarted(b *testing.B, dir string, timeout time.Duration) {
 	})
 }
 
+// waitSpares waits until the agent on containerd c, namespace ns, has
+// made the spares of the 30 containers: the containers with the spare
+// label (before a reboot, only spares have it).
+func waitSpares(b *testing.B, c *env.Containerd, ns string, timeout time.Duration) {
+	b.Helper()
+	cl := c.Client(b, ns)
+	ctx := namespaces.WithNamespace(context.Background(), ns)
+	waittest.Poll{Timeout: timeout, Every: 100 * time.Millisecond}.For(b, fmt.Sprintf("%d spares made", peersPods), func() (bool, string) {
+		cs, err := cl.Containers(ctx, fmt.Sprintf("labels.%q", agent.LabelSpare))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return len(cs) >= peersPods, fmt.Sprintf("%d made", len(cs))
+	})
+}
+
 // clearStarted empties the directory of start marks.
 func clearStarted(b *testing.B, dir string) {
 	b.Helper()
@@ -171,7 +188,10 @@ func rebootOutpost(b *testing.B, started, ociRuntime string) (took, cpu time.Dur
 	writeRebootPods(b, filepath.Join(n.dir, "manifests"), started)
 	n.startAgent(b)
 	waitStarted(b, started, 2*time.Minute)
-	time.Sleep(5 * time.Second) // every pod settled, its probes running
+	// Every pod settled, its probes running, and each container's next
+	// attempt made ahead (agent/spare.go), as on a node that has run a while.
+	waitSpares(b, n.ctrd, n.netns, 2*time.Minute)
+	time.Sleep(2 * time.Second)
 
 	n.kill()
 	clearStarted(b, started)
