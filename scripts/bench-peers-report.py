@@ -221,7 +221,8 @@ How each row is measured:
   after writing 1 to `clear_refs`), then CPU over the idle window. Last it deletes the 30 and creates 30 others at 5 a
   second, timed the same way.
 - **offline reboot**: `BenchmarkPeersReboot` runs 30 static pods (the same httpd, each touching a file in a hostPath
-  directory before it starts) on a node with no API server, then kills the agent, containerd, the shims and the
+  directory before it starts) on a node with no API server until outpost has made their spares (each container's
+  next attempt, made ahead 10 s after its start), then kills the agent, containerd, the shims and the
   containers at once and wipes containerd's state, runc's state and the network namespaces, as a reboot empties
   `/run`. containerd starts again, and the figure is from the node agent's start to the 30 files there again: outpost,
   or kubelet standalone with the same pods as static manifests; the machine CPU row is the CPU time all processes
