@@ -100,6 +100,9 @@ type podManager struct {
 	mu      sync.Mutex
 	workers map[string]*worker
 	wg      sync.WaitGroup
+	// spareMu is held by the worker making a spare: the spares are made
+	// one at a time, in the background of the pods (makeSpare).
+	spareMu sync.Mutex
 }
 
 func newPodManager(cfg PodConfig, deps PodDeps, st *store.Store, clk clock.Clock, log *slog.Logger) *podManager {

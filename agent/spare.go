@@ -82,6 +82,10 @@ func (w *worker) useSpare(ctx context.Context, name string, spec ContainerSpec) 
 	return false, nil
 }
 
+// spareRetry is how soon a worker looks again to make a spare while
+// another worker makes one.
+const spareRetry = 100 * time.Millisecond
+
 // makeSpares makes the spare of each container of the running pod that
 // has run SpareAfter and would be started again when it ends: its
 // sidecars, and its regular containers unless its restart policy is
@@ -121,6 +125,14 @@ func (w *worker) makeSpare(ctx context.Context, pod *corev1.Pod, c *corev1.Conta
 	if ran := w.m.clock.Now().Sub(a[0].StartedAt); ran < w.m.cfg.SpareAfter {
 		return w.m.cfg.SpareAfter - ran
 	}
+	// One spare at a time on the node: the pods' containers, started
+	// together, would otherwise make theirs together, a burst of creates
+	// and of the agent's heap for work that can wait. A worker that finds
+	// another making one looks again soon rather than wait.
+	if !w.m.spareMu.TryLock() {
+		return spareRetry
+	}
+	defer w.m.spareMu.Unlock()
 	made, err := w.createSpare(ctx, pod, c, isInit, attempt)
 	if err == nil && has {
 		// The spare of an attempt that is not the next one any more.
