@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
 
@@ -299,16 +300,14 @@ func TestE2EPowerCutRecovery(t *testing.T) {
 	n.write("web.yaml", webPod)
 	n.write("sensor.yaml", sensorPod)
 	n.start()
-	web := n.waitPod("web-e2e-power", 60*time.Second, "ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
-	n.waitPod("sensor-e2e-power", 60*time.Second, "running", running)
+	web, _ := n.waitWebAndSensor("")
 	ip := web.Status.PodIP
 
 	n.powerCut(t)
 
 	start := time.Now()
 	n.start()
-	web = n.waitPod("web-e2e-power", 60*time.Second, "back and ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
-	n.waitPod("sensor-e2e-power", 60*time.Second, "back", running)
+	web, _ = n.waitWebAndSensor("back, ")
 	took := time.Since(start)
 	t.Logf("pods back %v after the agent started", took.Round(10*time.Millisecond))
 	if took > 5*time.Second {
@@ -337,8 +336,7 @@ func TestE2EPowerCutStartsTheSpares(t *testing.T) {
 	n.write("web.yaml", webPod)
 	n.write("sensor.yaml", sensorPod)
 	n.start()
-	web := n.waitPod("web-e2e-spare", 60*time.Second, "ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
-	n.waitPod("sensor-e2e-spare", 60*time.Second, "running", running)
+	web, _ := n.waitWebAndSensor("")
 	ip := web.Status.PodIP
 	spares := n.waitSpares(t, 2)
 	for _, id := range spares {
@@ -349,8 +347,7 @@ func TestE2EPowerCutStartsTheSpares(t *testing.T) {
 
 	n.powerCut(t)
 	n.start()
-	web = n.waitPod("web-e2e-spare", 60*time.Second, "back and ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
-	sensor := n.waitPod("sensor-e2e-spare", 60*time.Second, "back", running)
+	web, sensor := n.waitWebAndSensor("back, ")
 	for _, p := range []*agent.PodInfo{web, sensor} {
 		c := p.Status.ContainerStatuses[0]
 		if id := strings.TrimPrefix(c.ContainerID, "containerd://"); !slices.Contains(spares, id) || c.RestartCount != 1 {
@@ -369,29 +366,48 @@ func TestE2EPowerCutStartsTheSpares(t *testing.T) {
 	}
 }
 
+// waitWebAndSensor waits until webPod is ready and sensorPod running on
+// the node (what prefixes the waits' descriptions) and returns them.
+func (n *node) waitWebAndSensor(what string) (web, sensor *agent.PodInfo) {
+	n.t.Helper()
+	web = n.waitPod("web-"+n.name, 60*time.Second, what+"ready", func(p *agent.PodInfo) bool { return running(p) && ready(p) })
+	sensor = n.waitPod("sensor-"+n.name, 60*time.Second, what+"running", running)
+	return web, sensor
+}
+
 // waitSpares waits, for at most 30 s, until the node's containerd holds
-// want spares (never started, with the agent's spare label) and returns
-// their IDs.
+// want spares and returns their IDs.
 func (n *node) waitSpares(t *testing.T, want int) []string {
 	t.Helper()
 	cl := n.ctrd.Client(t, n.ns)
 	var ids []string
 	within(30*time.Second).For(t, fmt.Sprintf("%d spares", want), func() (bool, string) {
-		ctx, cancel := context.WithTimeout(namespacesCtx(context.Background(), n.ns), 10*time.Second)
-		defer cancel()
-		cs, err := cl.Containers(ctx, fmt.Sprintf("labels.%q", agent.LabelSpare))
-		if err != nil {
+		var err error
+		if ids, err = spareIDs(namespacesCtx(context.Background(), n.ns), cl); err != nil {
 			return false, err.Error()
-		}
-		ids = ids[:0]
-		for _, c := range cs {
-			if _, err := c.Task(ctx, nil); errdefs.IsNotFound(err) {
-				ids = append(ids, c.ID())
-			}
 		}
 		return len(ids) == want, fmt.Sprintf("%q", ids)
 	})
 	return ids
+}
+
+// spareIDs returns the IDs of the spares in cl's namespace in ctx: the
+// containers with the agent's spare label that have no task (never
+// started).
+func spareIDs(ctx context.Context, cl *client.Client) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cs, err := cl.Containers(ctx, fmt.Sprintf("labels.%q", agent.LabelSpare))
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, c := range cs {
+		if _, err := c.Task(ctx, nil); errdefs.IsNotFound(err) {
+			ids = append(ids, c.ID())
+		}
+	}
+	return ids, nil
 }
 
 // powerCut kills the agent and cuts the node's power: containerd, its

@@ -24,7 +24,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/outpost-edge/outpost/agent"
 	"github.com/outpost-edge/outpost/internal/waittest"
 	"github.com/outpost-edge/outpost/test/e2e/env"
 )
@@ -148,18 +147,17 @@ func waitStarted(b *testing.B, dir string, timeout time.Duration) {
 }
 
 // waitSpares waits until the agent on containerd c, namespace ns, has
-// made the spares of the 30 containers: the containers with the spare
-// label (before a reboot, only spares have it).
+// made the spares of the 30 containers (spareIDs).
 func waitSpares(b *testing.B, c *env.Containerd, ns string, timeout time.Duration) {
 	b.Helper()
 	cl := c.Client(b, ns)
 	ctx := namespaces.WithNamespace(context.Background(), ns)
 	waittest.Poll{Timeout: timeout, Every: 100 * time.Millisecond}.For(b, fmt.Sprintf("%d spares made", peersPods), func() (bool, string) {
-		cs, err := cl.Containers(ctx, fmt.Sprintf("labels.%q", agent.LabelSpare))
+		ids, err := spareIDs(ctx, cl)
 		if err != nil {
 			b.Fatal(err)
 		}
-		return len(cs) >= peersPods, fmt.Sprintf("%d made", len(cs))
+		return len(ids) >= peersPods, fmt.Sprintf("%d made", len(ids))
 	})
 }
 
