@@ -13,6 +13,21 @@ func (h *harness) callsSince(n int) []string {
 	return h.rt.Calls()[n:]
 }
 
+// spared runs a pod of one container, app, whose restart policy is
+// Always, until its spare is made 10 s after its start.
+func spared(t *testing.T, name string) (*harness, *corev1.Pod) {
+	t.Helper()
+	h := newHarness(t)
+	h.spareAfter = 10 * time.Second
+	p := newPod(name, corev1.RestartPolicyAlways, ctr("app"))
+	h.put(p)
+	h.start()
+	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
+	h.advance(10 * time.Second)
+	h.eventually("spare made", func() bool { _, ok := h.rt.Container(id(p, "app", 1)); return ok })
+	return h, p
+}
+
 func TestSpareIsMadeOnceTheContainerHasRunAndStartedAfterAReboot(t *testing.T) {
 	h := newHarness(t)
 	h.spareAfter = 10 * time.Second
@@ -53,14 +68,7 @@ func TestSpareIsMadeOnceTheContainerHasRunAndStartedAfterAReboot(t *testing.T) {
 }
 
 func TestSpareStartsTheRestartAfterACrash(t *testing.T) {
-	h := newHarness(t)
-	h.spareAfter = 10 * time.Second
-	p := newPod("crashy", corev1.RestartPolicyAlways, ctr("app"))
-	h.put(p)
-	h.start()
-	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
-	h.advance(10 * time.Second)
-	h.eventually("spare made", func() bool { _, ok := h.rt.Container(id(p, "app", 1)); return ok })
+	h, p := spared(t, "crashy")
 	calls := len(h.rt.Calls())
 	h.exit(id(p, "app", 0), 1, "back-off", func() bool { return h.state(p, "app") == "waiting:CrashLoopBackOff" })
 	h.advance(10 * time.Second)
@@ -78,14 +86,7 @@ func TestSpareStartsTheRestartAfterACrash(t *testing.T) {
 }
 
 func TestSpareOfAnotherRuntimeIsMadeAnew(t *testing.T) {
-	h := newHarness(t)
-	h.spareAfter = 10 * time.Second
-	p := newPod("upgraded", corev1.RestartPolicyAlways, ctr("app"))
-	h.put(p)
-	h.start()
-	h.synced(0, "app running", func() bool { return h.running(id(p, "app", 0)) })
-	h.advance(10 * time.Second)
-	h.eventually("spare made", func() bool { _, ok := h.rt.Container(id(p, "app", 1)); return ok })
+	h, p := spared(t, "upgraded")
 	h.stopManager()
 
 	// The agent comes back after a reboot as another build: the spare is
